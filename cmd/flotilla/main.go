@@ -1,0 +1,51 @@
+// Command flotilla is the fleet engineers' CLI: it validates a fleet repository and
+// shows what the hub would send to each worker cluster.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/flotilla-gitops/flotilla/cmd/internal/version"
+)
+
+// errReported is returned by commands that already told the user what went wrong.
+var errReported = errors.New("reported")
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := newRootCommand()
+	cmd.SetArgs(args)
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		if !errors.Is(err, errReported) {
+			fmt.Fprintln(stderr, "flotilla:", err)
+		}
+		return 1
+	}
+	return 0
+}
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "flotilla",
+		Short: "Work with a flotilla fleet repository",
+		Long: "flotilla validates a fleet repository of GPU worker clusters and renders the\n" +
+			"Kueue objects the hub sends to each of them.",
+		Version:       version.String("flotilla"),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.AddCommand(newValidateCommand(), newRenderCommand())
+	return root
+}

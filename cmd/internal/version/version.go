@@ -1,0 +1,35 @@
+// Package version reports the build of a flotilla binary.
+package version
+
+import (
+	"fmt"
+	"runtime"
+	"runtime/debug"
+)
+
+// Version is set at build time with -ldflags "-X .../version.Version=v1.2.3"; otherwise
+// it comes from the module information Go records in the binary.
+var Version = ""
+
+// String describes the binary: program name, version, VCS revision and Go version.
+func String(program string) string {
+	v, rev := Version, ""
+	if info, ok := debug.ReadBuildInfo(); ok {
+		if v == "" {
+			v = info.Main.Version
+		}
+		for _, s := range info.Settings {
+			if s.Key == "vcs.revision" {
+				rev = s.Value
+			}
+		}
+	}
+	if v == "" {
+		v = "(devel)"
+	}
+	s := fmt.Sprintf("%s %s", program, v)
+	if rev != "" {
+		s += " " + rev
+	}
+	return s + " " + runtime.Version()
+}

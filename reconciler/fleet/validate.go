@@ -1,0 +1,312 @@
+package fleet
+
+import (
+	"fmt"
+	"io/fs"
+	"net/url"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+)
+
+var versionPattern = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$`)
+
+func loadFleetFile(fsys fs.FS, list *ErrorList) *v1alpha1.Fleet {
+	e := errs{file: FleetFile, list: list}
+	if _, err := fs.Stat(fsys, FleetFile); err != nil {
+		e.whole("the repository has no fleet.yaml; every fleet repository starts with one")
+		return nil
+	}
+	data, ok := readFile(fsys, FleetFile, e)
+	if !ok {
+		return nil
+	}
+	root, ok := singleDocument(data, e)
+	if !ok {
+		return nil
+	}
+	var fl v1alpha1.Fleet
+	if !decodeStrict(root, &fl, e) {
+		return nil
+	}
+	before := len(*list)
+	checkTypeMeta(root, fl.APIVersion, fl.Kind, "Fleet", e)
+	s := fl.Spec
+	at := func(p ...string) *yaml.Node { return locate(root, append([]string{"spec"}, p...)...) }
+	if s.Tenant == "" {
+		n := at("tenant")
+		e.at(n.Line, n.Column, "spec.tenant is required")
+	} else if msgs := validation.IsDNS1123Label(s.Tenant); len(msgs) > 0 {
+		n := at("tenant")
+		e.at(n.Line, n.Column, "spec.tenant %q is not a DNS label: %s", s.Tenant, strings.Join(msgs, "; "))
+	}
+	if len(s.WorkloadNamespaces) == 0 {
+		n := at("workloadNamespaces")
+		e.at(n.Line, n.Column, "spec.workloadNamespaces needs at least one namespace where jobs run")
+	}
+	seen := map[string]bool{}
+	for i, ns := range s.WorkloadNamespaces {
+		n := at("workloadNamespaces", fmt.Sprintf("[%d]", i))
+		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
+			e.at(n.Line, n.Column, "workload namespace %q is not a valid namespace name: %s", ns, strings.Join(msgs, "; "))
+		}
+		if seen[ns] {
+			e.at(n.Line, n.Column, "workload namespace %q is listed twice", ns)
+		}
+		seen[ns] = true
+	}
+	if s.HubURL == "" {
+		n := at("hubURL")
+		e.at(n.Line, n.Column, "spec.hubURL is required: the wss:// address agents dial")
+	} else if u, err := url.Parse(s.HubURL); err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
+		n := at("hubURL")
+		e.at(n.Line, n.Column, "spec.hubURL %q must be a wss:// URL with a host", s.HubURL)
+	}
+	if !versionPattern.MatchString(s.KueueVersion) {
+		n := at("kueueVersion")
+		e.at(n.Line, n.Column, "spec.kueueVersion %q must be a release such as v0.17.0", s.KueueVersion)
+	}
+	if s.JobSetVersion != "" && !versionPattern.MatchString(s.JobSetVersion) {
+		n := at("jobSetVersion")
+		e.at(n.Line, n.Column, "spec.jobSetVersion %q must be a release such as v0.11.1", s.JobSetVersion)
+	}
+	if p := s.StatusContextPrefix; len(p) > 100 || strings.ContainsAny(p, " \t\n") {
+		n := at("statusContextPrefix")
+		e.at(n.Line, n.Column, "spec.statusContextPrefix must be at most 100 characters without spaces")
+	}
+	seen = map[string]bool{}
+	for i, r := range s.AllowedResidencies {
+		n := at("allowedResidencies", fmt.Sprintf("[%d]", i))
+		if r == "" {
+			e.at(n.Line, n.Column, "an allowed residency may not be empty")
+		}
+		if seen[r] {
+			e.at(n.Line, n.Column, "residency %q is listed twice", r)
+		}
+		seen[r] = true
+	}
+	if len(*list) > before {
+		return nil
+	}
+	return &fl
+}
+
+func checkTypeMeta(root *yaml.Node, apiVersion, kind, wantKind string, e errs) {
+	if apiVersion != v1alpha1.GroupVersion.String() {
+		n := locate(root, "apiVersion")
+		e.at(n.Line, n.Column, "apiVersion must be %s, not %q", v1alpha1.GroupVersion, apiVersion)
+	}
+	if kind != wantKind {
+		n := locate(root, "kind")
+		e.at(n.Line, n.Column, "kind must be %s, not %q", wantKind, kind)
+	}
+}
+
+func validatePreset(f *Fleet, p *Preset) {
+	dir := path.Join(PresetsDir, p.Name)
+	if msgs := validation.IsDNS1123Label(p.Name); len(msgs) > 0 {
+		errs{file: dir, list: &p.Errors}.whole("preset name %q is not a DNS label: %s", p.Name, strings.Join(msgs, "; "))
+	}
+	checkYAMLFiles(p.Files, "", &p.Errors)
+	k := path.Join(dir, KustomizationFile)
+	if _, ok := p.Files[k]; !ok {
+		errs{file: dir, list: &p.Errors}.whole("preset has no kustomization.yaml")
+		return
+	}
+	checkKustomization(f, k, p.Files[k], "", []string{PresetsDir}, false, &p.Errors)
+}
+
+// checkYAMLFiles parses every YAML file other than the ones validated on their own, so
+// that what kustomize later reads is free of NUL bytes, invalid UTF-8 and aliases.
+func checkYAMLFiles(files map[string][]byte, cluster string, list *ErrorList) {
+	for p, data := range files {
+		base := path.Base(p)
+		if base == KustomizationFile || base == ClusterFile || base == EnrollmentFile {
+			continue
+		}
+		if ext := path.Ext(p); ext != ".yaml" && ext != ".yml" {
+			continue
+		}
+		parseYAML(data, errs{file: p, cluster: cluster, list: list})
+	}
+}
+
+func validateCluster(f *Fleet, c *Cluster) {
+	dirErr := errs{file: c.Dir, cluster: c.Name, list: &c.Errors}
+	if msgs := validation.IsDNS1123Label(c.Name); len(msgs) > 0 {
+		dirErr.whole("cluster directory name %q is not a DNS label: %s", c.Name, strings.Join(msgs, "; "))
+	}
+	checkYAMLFiles(c.Files, c.Name, &c.Errors)
+
+	cf := path.Join(c.Dir, ClusterFile)
+	e := errs{file: cf, cluster: c.Name, list: &c.Errors}
+	if data, ok := c.Files[cf]; !ok {
+		if !hasError(c.Errors, cf) {
+			dirErr.whole("cluster directory has no cluster.yaml")
+		}
+	} else if root, ok := singleDocument(data, e); ok {
+		var wc v1alpha1.WorkerCluster
+		if decodeCluster(root, &wc, e) {
+			validateWorkerCluster(f, c, root, &wc, e)
+			c.Object = &wc
+		}
+	}
+
+	ef := path.Join(c.Dir, EnrollmentFile)
+	if data, ok := c.Files[ef]; !ok {
+		if !hasError(c.Errors, ef) {
+			dirErr.whole("cluster directory has no enrollment.sops.yaml; create it with `flotilla cluster add`")
+		}
+	} else {
+		checkSOPS(data, errs{file: ef, cluster: c.Name, list: &c.Errors})
+	}
+
+	kf := path.Join(c.Dir, KustomizationFile)
+	if data, ok := c.Files[kf]; ok {
+		checkKustomization(f, kf, data, c.Dir, []string{c.Dir, PresetsDir}, true, &c.Errors)
+	}
+}
+
+func hasError(list ErrorList, file string) bool {
+	return slices.ContainsFunc(list, func(e Error) bool { return e.File == file })
+}
+
+// decodeCluster decodes cluster.yaml. Quota values are checked first, from the YAML
+// itself, so that a bad quantity is placed at its line instead of failing the decode.
+func decodeCluster(root *yaml.Node, wc *v1alpha1.WorkerCluster, e errs) bool {
+	v, err := toValue(root)
+	if err != nil {
+		e.at(root.Line, root.Column, "%v", err)
+		return false
+	}
+	ok := true
+	if quota := valueAt(root, "spec", "quota"); quota != nil && quota.Kind == yaml.MappingNode {
+		spec := v.(map[string]any)["spec"].(map[string]any)
+		q, _ := spec["quota"].(map[string]any)
+		for i := 0; i+1 < len(quota.Content); i += 2 {
+			k, val := quota.Content[i], quota.Content[i+1]
+			if msgs := validation.IsQualifiedName(k.Value); len(msgs) > 0 {
+				e.at(k.Line, k.Column, "quota resource %q is not a valid resource name: %s", k.Value, strings.Join(msgs, "; "))
+				delete(q, k.Value)
+				ok = false
+				continue
+			}
+			if val.Kind != yaml.ScalarNode || val.ShortTag() == "!!null" || val.ShortTag() == "!!bool" {
+				e.at(val.Line, val.Column, "quota for %s must be a quantity such as 8, 500m or 64Gi", k.Value)
+				delete(q, k.Value)
+				ok = false
+				continue
+			}
+			qty, err := resource.ParseQuantity(val.Value)
+			if err != nil {
+				e.at(val.Line, val.Column, "quota for %s: %q is not a quantity (such as 8, 500m or 64Gi)", k.Value, val.Value)
+				delete(q, k.Value)
+				ok = false
+				continue
+			}
+			if qty.Sign() < 0 {
+				e.at(val.Line, val.Column, "quota for %s may not be negative", k.Value)
+				ok = false
+			}
+			q[k.Value] = val.Value
+		}
+	}
+	return decodeValue(root, v, wc, e) && ok
+}
+
+func validateWorkerCluster(f *Fleet, c *Cluster, root *yaml.Node, wc *v1alpha1.WorkerCluster, e errs) {
+	at := func(p ...string) *yaml.Node { return locate(root, p...) }
+	checkTypeMeta(root, wc.APIVersion, wc.Kind, "WorkerCluster", e)
+	switch {
+	case wc.Name == "":
+		n := at("metadata", "name")
+		e.at(n.Line, n.Column, "metadata.name is required and must be %q, the directory's name", c.Name)
+	case len(validation.IsDNS1123Label(wc.Name)) > 0:
+		n := at("metadata", "name")
+		e.at(n.Line, n.Column, "worker name %q is not a DNS label: %s", wc.Name, strings.Join(validation.IsDNS1123Label(wc.Name), "; "))
+	case wc.Name != c.Name:
+		n := at("metadata", "name")
+		e.at(n.Line, n.Column, "worker name %q must equal its directory's name %q", wc.Name, c.Name)
+	}
+	if wc.Namespace != "" {
+		n := at("metadata", "namespace")
+		e.at(n.Line, n.Column, "metadata.namespace may not be set: the hub places each tenant's clusters")
+	}
+	s := wc.Spec
+	if s.Region == "" {
+		n := at("spec", "region")
+		e.at(n.Line, n.Column, "spec.region is required")
+	}
+	if s.Residency == "" {
+		n := at("spec", "residency")
+		e.at(n.Line, n.Column, "spec.residency is required")
+	} else if f.Spec != nil && len(f.Spec.Spec.AllowedResidencies) > 0 && !slices.Contains(f.Spec.Spec.AllowedResidencies, s.Residency) {
+		n := at("spec", "residency")
+		e.at(n.Line, n.Column, "residency %q is not allowed in this fleet; fleet.yaml allows %s", s.Residency, strings.Join(f.Spec.Spec.AllowedResidencies, ", "))
+	}
+	switch p, ok := f.Presets[s.Preset]; {
+	case s.Preset == "":
+		n := at("spec", "preset")
+		e.at(n.Line, n.Column, "spec.preset is required; presets are the directories under presets/")
+	case !ok:
+		n := at("spec", "preset")
+		e.at(n.Line, n.Column, "preset %q does not exist under presets/ (have: %s)", s.Preset, presetNames(f))
+	case len(p.Errors) > 0:
+		n := at("spec", "preset")
+		e.at(n.Line, n.Column, "preset %q has errors; fix presets/%s first", s.Preset, s.Preset)
+	}
+	products := map[string]bool{}
+	for i, g := range s.ExpectedGPUs {
+		idx := fmt.Sprintf("[%d]", i)
+		if g.Product == "" {
+			n := at("spec", "expectedGPUs", idx)
+			e.at(n.Line, n.Column, "expected GPU needs a product, e.g. NVIDIA-H100-80GB-HBM3")
+		} else if products[g.Product] {
+			n := at("spec", "expectedGPUs", idx, "product")
+			e.at(n.Line, n.Column, "GPU product %q is listed twice", g.Product)
+		}
+		products[g.Product] = true
+		if g.Count < 1 {
+			n := at("spec", "expectedGPUs", idx, "count")
+			e.at(n.Line, n.Column, "expected GPU count must be at least 1")
+		}
+	}
+}
+
+func presetNames(f *Fleet) string {
+	names := make([]string, 0, len(f.Presets))
+	for n := range f.Presets {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}
+
+func (f *Fleet) checkUniqueNames() {
+	owner := map[string]string{}
+	for _, name := range f.ClusterNames() {
+		c := f.Clusters[name]
+		if c.Object == nil || c.Object.Name == "" {
+			continue
+		}
+		if first, dup := owner[c.Object.Name]; dup {
+			cf := path.Join(c.Dir, ClusterFile)
+			msg := fmt.Sprintf("worker name %q is already used by %s", c.Object.Name, path.Join(ClustersDir, first))
+			if !slices.ContainsFunc(c.Errors, func(e Error) bool { return e.Message == msg }) {
+				c.Errors = append(c.Errors, Error{File: cf, Cluster: name, Message: msg})
+			}
+			continue
+		}
+		owner[c.Object.Name] = name
+	}
+}
