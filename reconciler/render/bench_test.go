@@ -1,0 +1,88 @@
+package render_test
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+	"testing/fstest"
+
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	"github.com/flotilla-gitops/flotilla/reconciler/render"
+	"github.com/flotilla-gitops/flotilla/test/fleetgen"
+)
+
+// benchOptions is a fleet as one might run it: a few clusters cordoned, a few with their
+// own overlay.
+var benchOptions = fleetgen.Options{CordonEvery: 20, OverlayEvery: 50}
+
+// BenchmarkFullRender is what a hub does on start or after a fleet-wide change: load,
+// validate and render every cluster.
+func BenchmarkFullRender(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
+			fsys := os.DirFS(fleetgen.WriteDir(b, fleetgen.Fleet(n, benchOptions)))
+			b.ReportAllocs()
+			for b.Loop() {
+				f := fleet.Load(fsys)
+				r := render.New()
+				for _, name := range f.ClusterNames() {
+					if _, err := r.Render(f, name); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkRerenderOneCluster is what a hub does when a commit changes one cluster of a
+// large fleet: re-read that directory and render it, with the preset cache warm.
+func BenchmarkRerenderOneCluster(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		overlay bool
+	}{{"preset", false}, {"overlay", true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			dir := fleetgen.WriteDir(b, fleetgen.Fleet(10000, benchOptions))
+			fsys := os.DirFS(dir)
+			f := fleet.Load(fsys)
+			r := render.New()
+			for _, name := range f.ClusterNames()[:10] {
+				if _, err := r.Render(f, name); err != nil {
+					b.Fatal(err)
+				}
+			}
+			name := fleetgen.ClusterName(4321)
+			opts := fleetgen.Options{}
+			if tc.overlay {
+				opts.OverlayEvery = 1
+			}
+			enrollment, err := fs.ReadFile(fsys, "clusters/"+name+"/enrollment.sops.yaml")
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				// A different quota every round, as a commit would bring.
+				i++
+				variant := fstest.MapFS{}
+				fleetgen.AddCluster(variant, name, enrollment, i, opts)
+				for p, file := range variant {
+					if err := os.WriteFile(filepath.Join(dir, filepath.FromSlash(p)), file.Data, 0o644); err != nil {
+						b.Fatal(err)
+					}
+				}
+				c := f.LoadCluster(fsys, name)
+				if !c.Valid() {
+					b.Fatal(c.Errors)
+				}
+				if _, err := r.Render(f, name); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
