@@ -14,8 +14,8 @@ import (
 var allowedKustomizeFields = map[string]bool{
 	"apiVersion": true, "kind": true, "metadata": true,
 	"resources": true, "components": true,
-	"patches": true, "patchesStrategicMerge": true, "patchesJson6902": true,
-	"labels": true, "commonLabels": true, "commonAnnotations": true,
+	"patches": true,
+	"labels":  true, "commonLabels": true, "commonAnnotations": true,
 	"namePrefix": true, "nameSuffix": true, "replacements": true,
 }
 
@@ -34,6 +34,8 @@ var refusedKustomizeFields = map[string]string{
 	"configMapGenerator":          "Kueue's objects need no ConfigMaps",
 	"bases":                       "it is deprecated; list the directory under resources",
 	"vars":                        "it is deprecated; use replacements",
+	"patchesStrategicMerge":       "it is deprecated; list the patch under patches",
+	"patchesJson6902":             "it is deprecated; list the patch under patches",
 }
 
 // checkKustomization validates a kustomization.yaml of a preset (dir "") or of a cluster
@@ -96,16 +98,6 @@ func checkKustomization(f *Fleet, file string, data []byte, cluster string, root
 	for i, p := range k.Patches {
 		if p.Path != "" {
 			check(p.Path, false, "patches", fmt.Sprintf("[%d]", i), "path")
-		}
-	}
-	for i, p := range k.PatchesJson6902 {
-		if p.Path != "" {
-			check(p.Path, false, "patchesJson6902", fmt.Sprintf("[%d]", i), "path")
-		}
-	}
-	for i, p := range k.PatchesStrategicMerge {
-		if s := string(p); !strings.ContainsAny(s, "\n:") {
-			check(s, false, "patchesStrategicMerge", fmt.Sprintf("[%d]", i))
 		}
 	}
 	for i, r := range k.Replacements {

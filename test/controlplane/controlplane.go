@@ -38,6 +38,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	jobsetv1alpha2 "sigs.k8s.io/jobset/api/jobset/v1alpha2"
 	kueuev1beta2 "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
+	flotillav1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
 // defaultStartTimeout is how long each of etcd and kube-apiserver may take to become healthy, and
@@ -82,7 +84,8 @@ type ControlPlane struct {
 	KubeConfig []byte
 
 	// Client is an admin client whose scheme (Client.Scheme()) knows the core Kubernetes types,
-	// apiextensions/v1, Kueue's kueue.x-k8s.io/v1beta2 and JobSet's jobset.x-k8s.io/v1alpha2.
+	// apiextensions/v1, Kueue's kueue.x-k8s.io/v1beta2, JobSet's jobset.x-k8s.io/v1alpha2 and
+	// flotilla's flotilla.dev/v1alpha1.
 	Client client.Client
 
 	dir      string
@@ -165,6 +168,7 @@ func newScheme() (*kruntime.Scheme, error) {
 		apiextensionsv1.AddToScheme,
 		kueuev1beta2.AddToScheme,
 		jobsetv1alpha2.AddToScheme,
+		flotillav1alpha1.AddToScheme,
 	} {
 		if err := add(s); err != nil {
 			return nil, fmt.Errorf("building scheme: %w", err)

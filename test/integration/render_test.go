@@ -133,3 +133,29 @@ func ensureNamespace(ctx context.Context, t *testing.T, c client.Client, name st
 		t.Fatalf("creating namespace %s: %v", name, err)
 	}
 }
+
+// TestWorkerClusterCRDAcceptsLoadedClusters stores what the loader read from cluster.yaml
+// as the hub will, and checks that the CRD's validation agrees with the loader's.
+func TestWorkerClusterCRDAcceptsLoadedClusters(t *testing.T) {
+	c := planes[0].Client
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	ensureNamespace(ctx, t, c, "tenant-example")
+	f := fleet.Load(fleetgen.Fleet(4, fleetgen.Options{CordonEvery: 2}))
+	if errs := f.AllErrors(); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	for _, name := range f.ClusterNames() {
+		wc := f.Clusters[name].Object.DeepCopy()
+		wc.Namespace = "tenant-example"
+		if err := c.Create(ctx, wc, client.DryRunAll); err != nil {
+			t.Errorf("WorkerCluster %s refused: %v", name, err)
+		}
+	}
+	bad := f.Clusters[fleetgen.ClusterName(0)].Object.DeepCopy()
+	bad.Namespace = "tenant-example"
+	bad.Spec.Preset = "Not_A_Label"
+	if err := c.Create(ctx, bad, client.DryRunAll); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.preset") {
+		t.Errorf("WorkerCluster with preset %q: err = %v, want Invalid naming spec.preset", bad.Spec.Preset, err)
+	}
+}

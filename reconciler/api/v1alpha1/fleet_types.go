@@ -63,7 +63,3 @@ type FleetList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []Fleet `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&Fleet{}, &FleetList{})
-}

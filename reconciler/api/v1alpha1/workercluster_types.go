@@ -125,7 +125,3 @@ type WorkerClusterList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []WorkerCluster `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&WorkerCluster{}, &WorkerClusterList{})
-}
