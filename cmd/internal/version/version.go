@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+
+	"github.com/spf13/cobra"
 )
 
 // Version is set at build time with -ldflags "-X .../version.Version=v1.2.3"; otherwise
@@ -32,4 +34,22 @@ func String(program string) string {
 		s += " " + rev
 	}
 	return s + " " + runtime.Version()
+}
+
+// Stub is the whole command line of a binary whose work has not landed yet: it answers
+// --version and --help and nothing else.
+func Stub(program, short string) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:           program,
+		Short:         short,
+		Version:       String(program),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cmd.Help()
+		},
+	}
+	cmd.SetVersionTemplate("{{.Version}}\n")
+	return cmd
 }
