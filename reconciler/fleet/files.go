@@ -53,6 +53,19 @@ func resolve(fsys fs.FS, p string, e errs) (string, fs.FileInfo, bool) {
 			e.whole("symbolic link to %q leaves the repository", target)
 			return "", nil, false
 		}
+		// The target is joined lexically, so every directory on its way must be a real
+		// one: a symbolic link among them could lead anywhere.
+		for d := path.Dir(next); d != "."; d = path.Dir(d) {
+			info, err := rl.Lstat(d)
+			if err != nil {
+				e.whole("cannot read: %v", unwrapPathError(err))
+				return "", nil, false
+			}
+			if info.Mode()&fs.ModeSymlink != 0 {
+				e.whole("symbolic link to %q passes through the symbolic link %s, which is not supported", target, d)
+				return "", nil, false
+			}
+		}
 		cur = next
 	}
 }

@@ -65,6 +65,9 @@ type Cluster struct {
 	Digest string
 	// Errors are this cluster's problems, including those of the preset it uses.
 	Errors ErrorList
+
+	// nameLine and nameColumn place metadata.name in cluster.yaml.
+	nameLine, nameColumn int
 }
 
 // Valid reports whether the cluster can be rendered and enrolled.
@@ -116,19 +119,23 @@ func Load(fsys fs.FS) *Fleet {
 // loaded, so that a change to one cluster costs the same whatever the fleet's size. A
 // directory that no longer exists removes the cluster.
 func (f *Fleet) LoadCluster(fsys fs.FS, name string) *Cluster {
+	// The worker names the old and the new directory claim are checked again, so that a
+	// clash that is gone no longer fails the cluster it was reported on.
+	var claimed []string
+	if old := f.Clusters[name]; old != nil && old.Object != nil {
+		claimed = append(claimed, old.Object.Name)
+	}
 	delete(f.Clusters, name)
 	dir := path.Join(ClustersDir, name)
-	if info, err := fs.Stat(fsys, dir); err != nil || !info.IsDir() {
-		return nil
-	}
-	c := f.loadCluster(fsys, name)
-	if c.Object != nil {
-		for _, other := range f.Clusters {
-			if other != c && other.Object != nil && other.Object.Name == c.Object.Name {
-				f.checkUniqueNames()
-				break
-			}
+	var c *Cluster
+	if info, err := fs.Stat(fsys, dir); err == nil && info.IsDir() {
+		c = f.loadCluster(fsys, name)
+		if c.Object != nil {
+			claimed = append(claimed, c.Object.Name)
 		}
+	}
+	if len(claimed) > 0 {
+		f.checkUniqueNames(claimed...)
 	}
 	return c
 }

@@ -79,7 +79,10 @@ func checkKustomization(f *Fleet, file string, data []byte, cluster string, root
 	check := func(ref string, wantDir bool, p ...string) {
 		n := locate(root, p...)
 		if msg := checkRef(dir, ref, roots, files, wantDir); msg != "" {
-			e.at(n.Line, n.Column, "%s", msg)
+			// A file that could not be read has its own error; it does exist.
+			if target := path.Join(dir, ref); !hasError(*list, target) && !hasError(f.Errors, target) {
+				e.at(n.Line, n.Column, "%s", msg)
+			}
 			return
 		}
 		if overlay && strings.HasPrefix(path.Join(dir, ref), PresetsDir+"/") {

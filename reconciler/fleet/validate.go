@@ -7,6 +7,7 @@ import (
 	"path"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -204,6 +205,12 @@ func decodeCluster(root *yaml.Node, wc *v1alpha1.WorkerCluster, e errs) bool {
 				ok = false
 				continue
 			}
+			if msg := costlyQuantity(val.Value); msg != "" {
+				e.at(val.Line, val.Column, "quota for %s %s", k.Value, msg)
+				delete(q, k.Value)
+				ok = false
+				continue
+			}
 			qty, err := resource.ParseQuantity(val.Value)
 			if err != nil {
 				e.at(val.Line, val.Column, "quota for %s: %q is not a quantity (such as 8, 500m or 64Gi)", k.Value, val.Value)
@@ -221,9 +228,36 @@ func decodeCluster(root *yaml.Node, wc *v1alpha1.WorkerCluster, e errs) bool {
 	return decodeValue(root, v, wc, e) && ok
 }
 
+// Limits of a quota value, far beyond any real quota. resource.ParseQuantity computes
+// 10^n for an exponent n, so that a value such as 1e-999999999 would hold up the loader
+// for as long as it takes.
+const (
+	maxQuantityLength   = 64
+	maxQuantityExponent = 100
+)
+
+var quantityExponent = regexp.MustCompile(`[eE]([+-]?[0-9]+)$`)
+
+// costlyQuantity says what is wrong with a quota value too long or too far out to be
+// parsed, or "" when it may be parsed.
+func costlyQuantity(s string) string {
+	if len(s) > maxQuantityLength {
+		return fmt.Sprintf("is %d characters long; a quantity such as 8, 500m or 64Gi has at most %d", len(s), maxQuantityLength)
+	}
+	if m := quantityExponent.FindStringSubmatch(s); m != nil {
+		if n, err := strconv.Atoi(m[1]); err != nil || n > maxQuantityExponent || n < -maxQuantityExponent {
+			return fmt.Sprintf("has the exponent %s; a quantity's exponent is between -%d and %d", m[1], maxQuantityExponent, maxQuantityExponent)
+		}
+	}
+	return ""
+}
+
 func validateWorkerCluster(f *Fleet, c *Cluster, root *yaml.Node, wc *v1alpha1.WorkerCluster, e errs) {
 	at := func(p ...string) *yaml.Node { return locate(root, p...) }
 	checkTypeMeta(root, wc.APIVersion, wc.Kind, "WorkerCluster", e)
+	if n := at("metadata", "name"); n != nil {
+		c.nameLine, c.nameColumn = n.Line, n.Column
+	}
 	switch {
 	case wc.Name == "":
 		n := at("metadata", "name")
@@ -292,21 +326,46 @@ func presetNames(f *Fleet) string {
 	return strings.Join(names, ", ")
 }
 
-func (f *Fleet) checkUniqueNames() {
-	owner := map[string]string{}
-	for _, name := range f.ClusterNames() {
-		c := f.Clusters[name]
+// checkUniqueNames reports every cluster that claims a worker name another cluster owns:
+// the directory of that name owns it, or else the first directory in order. A cluster
+// that claims the name of another directory has an error of its own already, and must
+// not take a valid cluster down with it. With names, only the clusters that claim one
+// of them are checked again.
+func (f *Fleet) checkUniqueNames(names ...string) {
+	claims := map[string][]*Cluster{}
+	for _, c := range f.Clusters {
 		if c.Object == nil || c.Object.Name == "" {
 			continue
 		}
-		if first, dup := owner[c.Object.Name]; dup {
-			cf := path.Join(c.Dir, ClusterFile)
-			msg := fmt.Sprintf("worker name %q is already used by %s", c.Object.Name, path.Join(ClustersDir, first))
-			if !slices.ContainsFunc(c.Errors, func(e Error) bool { return e.Message == msg }) {
-				c.Errors = append(c.Errors, Error{File: cf, Cluster: name, Message: msg})
-			}
+		if len(names) > 0 && !slices.Contains(names, c.Object.Name) {
 			continue
 		}
-		owner[c.Object.Name] = name
+		c.Errors = slices.DeleteFunc(c.Errors, isDuplicateName)
+		claims[c.Object.Name] = append(claims[c.Object.Name], c)
 	}
+	for name, cs := range claims {
+		if len(cs) < 2 {
+			continue
+		}
+		slices.SortFunc(cs, func(a, b *Cluster) int {
+			switch {
+			case a.Name == name:
+				return -1
+			case b.Name == name:
+				return 1
+			}
+			return strings.Compare(a.Name, b.Name)
+		})
+		for _, c := range cs[1:] {
+			c.Errors = append(c.Errors, Error{
+				File: path.Join(c.Dir, ClusterFile), Line: c.nameLine, Column: c.nameColumn, Cluster: c.Name,
+				Message: fmt.Sprintf("worker name %q is already used by %s", name, cs[0].Dir),
+			})
+		}
+	}
+}
+
+func isDuplicateName(e Error) bool {
+	return path.Base(e.File) == ClusterFile && strings.HasPrefix(e.Message, "worker name ") &&
+		strings.Contains(e.Message, " is already used by ")
 }

@@ -64,6 +64,12 @@ func parseYAML(data []byte, e errs) ([]*yaml.Node, bool) {
 			break
 		}
 		if err != nil {
+			if m := unknownAnchor.FindStringSubmatch(err.Error()); m != nil {
+				// An alias of an anchor yet to come. The anchor's name is not repeated: in
+				// an enrollment file it could be a token pasted in the wrong place.
+				reportAlias(data, m[1], e)
+				return nil, false
+			}
 			reportYAMLError(err, e)
 			return nil, false
 		}
@@ -71,16 +77,54 @@ func parseYAML(data []byte, e errs) ([]*yaml.Node, bool) {
 	}
 	ok := true
 	for _, d := range docs {
+		reported := 0
 		walkNodes(d, func(n *yaml.Node) bool {
+			if reported >= maxNodeErrors {
+				return false
+			}
 			if n.Kind == yaml.AliasNode || n.Anchor != "" {
+				// One is enough: a file made of aliases would otherwise cost an error each.
 				e.at(n.Line, n.Column, "YAML anchors and aliases are not allowed in fleet files")
 				ok = false
+				reported = maxNodeErrors
 				return false
+			}
+			if n.Kind == yaml.MappingNode {
+				first := map[string]*yaml.Node{}
+				for i := 0; i+1 < len(n.Content) && reported < maxNodeErrors; i += 2 {
+					k := n.Content[i]
+					if k.Kind != yaml.ScalarNode {
+						continue
+					}
+					if f, dup := first[k.Value]; dup {
+						e.at(k.Line, k.Column, "duplicate key %q; it is already set at line %d", k.Value, f.Line)
+						ok = false
+						reported++
+						continue
+					}
+					first[k.Value] = k
+				}
 			}
 			return true
 		})
 	}
 	return docs, ok
+}
+
+// maxNodeErrors bounds how many problems parseYAML reports for one document.
+const maxNodeErrors = 10
+
+var unknownAnchor = regexp.MustCompile(`unknown anchor '(.*)' referenced`)
+
+// reportAlias places an alias whose anchor the parser had not seen at its first use.
+func reportAlias(data []byte, name string, e errs) {
+	const msg = "YAML anchors and aliases are not allowed in fleet files"
+	if i := bytes.Index(data, []byte("*"+name)); i >= 0 {
+		line, col := position(data, i)
+		e.at(line, col, msg)
+		return
+	}
+	e.whole(msg)
 }
 
 func reportYAMLError(err error, e errs) {
@@ -94,13 +138,37 @@ func reportYAMLError(err error, e errs) {
 	reportYAMLMessage(err.Error(), e)
 }
 
+// yamlParserProblems are the problems of the YAML parser, as opposed to its scanner. The
+// parser numbers their lines from 0 and leaves the number out on the first line.
+var yamlParserProblems = map[string]bool{
+	"did not find expected <stream-start>":   true,
+	"did not find expected <document start>": true,
+	"did not find expected node content":     true,
+	"did not find expected key":              true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"found duplicate %YAML directive":        true,
+	"found duplicate %TAG directive":         true,
+	"found incompatible YAML document":       true,
+	"found undefined tag handle":             true,
+}
+
 func reportYAMLMessage(msg string, e errs) {
 	if m := yamlLineErr.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
+		if yamlParserProblems[m[2]] {
+			line++
+		}
 		e.at(line, 0, "invalid YAML: %s", m[2])
 		return
 	}
-	e.whole("invalid YAML: %s", strings.TrimPrefix(msg, "yaml: "))
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	if yamlParserProblems[msg] {
+		e.at(1, 0, "invalid YAML: %s", msg)
+		return
+	}
+	e.whole("invalid YAML: %s", msg)
 }
 
 func walkNodes(n *yaml.Node, fn func(*yaml.Node) bool) {
