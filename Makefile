@@ -30,6 +30,7 @@ test: testbin
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZ_TIME) ./reconciler/fleet/
+	$(GO) test -run '^$$' -fuzz '^FuzzTokenHash$$' -fuzztime $(FUZZ_TIME) ./secrets/
 
 lint:
 	$(GO) vet ./...
@@ -37,7 +38,7 @@ lint:
 
 bench:
 	@mkdir -p bin
-	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./reconciler/render/ | tee bin/bench.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./reconciler/render/ ./secrets/ | tee bin/bench.txt
 	$(GO) run $(BENCHSTAT) bin/bench.txt
 
 testbin:
