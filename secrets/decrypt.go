@@ -53,11 +53,14 @@ type FileError struct {
 	Detail string
 }
 
-func (e *FileError) Error() string {
+func (e *FileError) Error() string { return e.File + ": " + e.Reason() }
+
+// Reason is the error without the file's name.
+func (e *FileError) Reason() string {
 	if e.Detail == "" {
-		return e.File + ": " + e.Err.Error()
+		return e.Err.Error()
 	}
-	return e.File + ": " + e.Err.Error() + ": " + e.Detail
+	return e.Err.Error() + ": " + e.Detail
 }
 
 func (e *FileError) Unwrap() error { return e.Err }

@@ -25,8 +25,12 @@ type Leak struct {
 }
 
 func (l Leak) Error() string {
-	return fmt.Sprintf("%s:%d:%d: a plaintext enrollment token (fingerprint %s) is in this file; remove it and rotate the token with `flotilla cluster rotate-token`",
-		l.File, l.Line, l.Column, l.Fingerprint)
+	return fmt.Sprintf("%s:%d:%d: %s", l.File, l.Line, l.Column, l.Message())
+}
+
+// Message says what was found and what to do, without the position.
+func (l Leak) Message() string {
+	return fmt.Sprintf("a plaintext enrollment token (fingerprint %s) is in this file; remove it and rotate the token with `flotilla cluster rotate-token`", l.Fingerprint)
 }
 
 // Redact replaces every token-shaped text in s, checksum or not, so that a message built

@@ -39,13 +39,14 @@ func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "flotilla",
 		Short: "Work with a flotilla fleet repository",
-		Long: "flotilla validates a fleet repository of GPU worker clusters and renders the\n" +
-			"Kueue objects the hub sends to each of them.",
+		Long: "flotilla creates and validates a fleet repository of GPU worker clusters, adds\n" +
+			"clusters with their enrollment tokens, and renders the Kueue objects the hub sends\n" +
+			"to each of them.",
 		Version:       version.String("flotilla"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.AddCommand(newValidateCommand(), newRenderCommand())
+	root.AddCommand(newValidateCommand(), newRenderCommand(), newFleetCommand(), newClusterCommand())
 	return root
 }

@@ -1,25 +1,41 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"path"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/render"
+	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
 func newValidateCommand() *cobra.Command {
-	return &cobra.Command{
+	var ageKey string
+	cmd := &cobra.Command{
 		Use:   "validate [DIR]",
 		Short: "Check a fleet repository the way the hub will",
 		Long: "validate loads the fleet repository in DIR (default: the current directory),\n" +
-			"checks every file and renders every cluster. Each problem is printed as\n" +
-			"file:line:column: message; the exit status is 1 when there is any.",
+			"checks every file, renders every cluster and scans every file that git would\n" +
+			"track for plaintext enrollment tokens. With --age-key it also decrypts every\n" +
+			"enrollment file with the hub's age identities and checks its MAC and token.\n" +
+			"Each problem is printed as file:line:column: message; the exit status is 1 when\n" +
+			"there is any.",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dir := dirArg(args)
+			var dec *secrets.Decryptor
+			if ageKey != "" {
+				ids, err := readIdentities(ageKey)
+				if err != nil {
+					return err
+				}
+				dec = secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids})
+			}
 			f, err := loadDir(dir)
 			if err != nil {
 				return err
@@ -28,7 +44,11 @@ func newValidateCommand() *cobra.Command {
 			r := render.New()
 			valid := 0
 			for _, name := range f.ClusterNames() {
-				if !f.Valid() || !f.Clusters[name].Valid() {
+				c := f.Clusters[name]
+				if dec != nil && c.Enrollment() != nil && !hasErrorIn(c.Errors, path.Join(c.Dir, fleet.EnrollmentFile)) {
+					errs = append(errs, checkEnrollment(cmd, dec, c)...)
+				}
+				if !f.Valid() || !c.Valid() {
 					continue
 				}
 				if _, err := r.Render(f, name); err != nil {
@@ -37,6 +57,11 @@ func newValidateCommand() *cobra.Command {
 				}
 				valid++
 			}
+			leaks, err := scanForTokens(dir)
+			if err != nil {
+				return err
+			}
+			errs = append(errs, leaks...)
 			if len(errs) > 0 {
 				errs.Sort()
 				for _, e := range errs {
@@ -45,11 +70,75 @@ func newValidateCommand() *cobra.Command {
 				fmt.Fprintf(cmd.ErrOrStderr(), "%s: %d %s\n", dir, len(errs), plural(len(errs), "error", "errors"))
 				return errReported
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: fleet %q is valid: %d %s, %d %s\n", dir, f.Spec.Spec.Tenant,
-				valid, plural(valid, "cluster", "clusters"), len(f.Presets), plural(len(f.Presets), "preset", "presets"))
+			decrypted := ""
+			if dec != nil {
+				decrypted = ", every enrollment file decrypted"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: fleet %q is valid: %d %s, %d %s%s\n", dir, f.Spec.Spec.Tenant,
+				valid, plural(valid, "cluster", "clusters"), len(f.Presets), plural(len(f.Presets), "preset", "presets"), decrypted)
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&ageKey, "age-key", "", "age key file of the hub: decrypt and check every enrollment file")
+	return cmd
+}
+
+func readIdentities(file string) (*secrets.Identities, error) {
+	fh, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	ids, err := secrets.ParseIdentities(file, fh)
+	if err != nil {
+		return nil, err
+	}
+	if ids.Len() == 0 {
+		return nil, fmt.Errorf("%s holds no age identity", file)
+	}
+	return ids, nil
+}
+
+func checkEnrollment(cmd *cobra.Command, dec *secrets.Decryptor, c *fleet.Cluster) fleet.ErrorList {
+	file := path.Join(c.Dir, fleet.EnrollmentFile)
+	if _, err := dec.TokenHash(cmd.Context(), file, c.Enrollment()); err != nil {
+		msg := err.Error()
+		var fe *secrets.FileError
+		if errors.As(err, &fe) {
+			msg = fe.Reason()
+		}
+		return fleet.ErrorList{{File: file, Cluster: c.Name, Message: msg}}
+	}
+	return nil
+}
+
+func hasErrorIn(list fleet.ErrorList, file string) bool {
+	for _, e := range list {
+		if e.File == file {
+			return true
+		}
+	}
+	return false
+}
+
+// scanForTokens reports plaintext tokens in every file git would track: the .git
+// directory and ignored files, such as the agent's values files, are left out.
+func scanForTokens(dir string) (fleet.ErrorList, error) {
+	ignored, err := gitIgnored(dir)
+	if err != nil {
+		return nil, err
+	}
+	leaks, err := secrets.ScanFS(os.DirFS(dir), func(p string, isDir bool) bool {
+		return p == ".git" || ignored.Match(strings.Split(p, "/"), isDir)
+	})
+	if err != nil {
+		return nil, err
+	}
+	var list fleet.ErrorList
+	for _, l := range leaks {
+		list = append(list, fleet.Error{File: l.File, Line: l.Line, Column: l.Column, Message: l.Message()})
+	}
+	return list, nil
 }
 
 func dirArg(args []string) string {

@@ -100,6 +100,9 @@ func (f *Fleet) AllErrors() ErrorList {
 	return slices.Compact(all)
 }
 
+// PresetNames returns the names of all presets, sorted.
+func (f *Fleet) PresetNames() []string { return slices.Sorted(maps.Keys(f.Presets)) }
+
 // ClusterNames returns the names of all clusters, sorted.
 func (f *Fleet) ClusterNames() []string { return slices.Sorted(maps.Keys(f.Clusters)) }
 

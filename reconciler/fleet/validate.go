@@ -315,11 +315,7 @@ func validateWorkerCluster(f *Fleet, c *Cluster, root *yaml.Node, wc *v1alpha1.W
 }
 
 func presetNames(f *Fleet) string {
-	names := make([]string, 0, len(f.Presets))
-	for n := range f.Presets {
-		names = append(names, n)
-	}
-	slices.Sort(names)
+	names := f.PresetNames()
 	if len(names) == 0 {
 		return "none"
 	}
