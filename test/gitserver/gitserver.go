@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -48,6 +49,9 @@ var author = object.Signature{Name: "Flotilla Test", Email: "test@flotilla.inval
 // Server is a running git HTTP server with its repositories in a temporary directory.
 type Server struct {
 	git *gittestserver.GitServer
+	// remote is the URL the helper's own clones use: with credentials when the server
+	// requires them.
+	remote string
 }
 
 // Start starts a server on the loopback interface. It is stopped, and its repositories removed,
@@ -59,7 +63,19 @@ func Start(t testing.TB) *Server {
 		t.Fatalf("starting git server: %v", err)
 	}
 	t.Cleanup(g.StopHTTP)
-	return &Server{git: g}
+	return &Server{git: g, remote: g.HTTPAddress()}
+}
+
+// StartWithAuth is Start for a server that requires HTTP basic authentication with
+// user and password from every client; Repo's own operations use them.
+func StartWithAuth(t testing.TB, user, password string) *Server {
+	t.Helper()
+	g := gittestserver.NewGitServer(t.TempDir()).Auth(user, password)
+	if err := g.StartHTTP(); err != nil {
+		t.Fatalf("starting git server: %v", err)
+	}
+	t.Cleanup(g.StopHTTP)
+	return &Server{git: g, remote: g.HTTPAddressWithCredentials()}
 }
 
 // Repo is a repository on a Server. Its methods fail the test they were created with (through
@@ -111,7 +127,7 @@ func (s *Server) newRepo(t testing.TB, name, fromDir string) (*Repo, error) {
 		return nil, fmt.Errorf("opening working clone: %w", err)
 	}
 	r := &Repo{t: t, url: s.git.HTTPAddress() + "/" + name + ".git", repo: repo, wt: wt}
-	if _, err := repo.CreateRemote(&config.RemoteConfig{Name: git.DefaultRemoteName, URLs: []string{r.url}}); err != nil {
+	if _, err := repo.CreateRemote(&config.RemoteConfig{Name: git.DefaultRemoteName, URLs: []string{s.remote + "/" + name + ".git"}}); err != nil {
 		return nil, fmt.Errorf("adding remote: %w", err)
 	}
 
@@ -214,6 +230,65 @@ func (r *Repo) Merge(base, head, msg string) string {
 	sha, err := r.do(func() (string, error) { return r.merge(base, head, msg) })
 	if err != nil {
 		r.t.Fatalf("merging %s into %s of %s: %v", head, base, r.url, err)
+	}
+	return sha
+}
+
+// Rewrite replaces the head of branch with a new commit on top of the head's first
+// parent, and force-pushes it: the history a force-push leaves behind. It returns the
+// new commit's hash.
+func (r *Repo) Rewrite(branch, msg string, changes map[string][]byte) string {
+	r.t.Helper()
+	sha, err := r.do(func() (string, error) {
+		head, ok := r.remoteHead(branch)
+		if !ok {
+			return "", errors.New("no such branch")
+		}
+		c, err := r.repo.CommitObject(head)
+		if err != nil {
+			return "", err
+		}
+		if len(c.ParentHashes) == 0 {
+			return "", errors.New("the head has no parent to rewrite onto")
+		}
+		if err := r.checkout(branch, c.ParentHashes[0]); err != nil {
+			return "", err
+		}
+		for _, p := range slices.Sorted(maps.Keys(changes)) {
+			if err := r.apply(p, changes[p]); err != nil {
+				return "", err
+			}
+		}
+		h, err := r.commit(msg)
+		if err != nil {
+			return "", err
+		}
+		ref := plumbing.NewBranchReferenceName(branch)
+		return h.String(), r.pushRefspec(config.RefSpec("+" + ref + ":" + ref))
+	})
+	if err != nil {
+		r.t.Fatalf("rewriting %s of %s: %v", branch, r.url, err)
+	}
+	return sha
+}
+
+// SetRef points ref (such as refs/pull/1/head) on the server at the head of branch, the
+// way a forge publishes a pull request's head. It returns that hash.
+func (r *Repo) SetRef(ref, branch string) string {
+	r.t.Helper()
+	sha, err := r.do(func() (string, error) {
+		h, ok := r.remoteHead(branch)
+		if !ok {
+			return "", errors.New("no such branch")
+		}
+		local := plumbing.ReferenceName("refs/flotilla-test/" + strings.TrimPrefix(ref, "refs/"))
+		if err := r.repo.Storer.SetReference(plumbing.NewHashReference(local, h)); err != nil {
+			return "", err
+		}
+		return h.String(), r.pushRefspec(config.RefSpec("+" + local + ":" + plumbing.ReferenceName(ref)))
+	})
+	if err != nil {
+		r.t.Fatalf("setting %s of %s: %v", ref, r.url, err)
 	}
 	return sha
 }
@@ -329,14 +404,18 @@ func (r *Repo) commit(msg string, parents ...plumbing.Hash) (plumbing.Hash, erro
 
 // push pushes the local branch ref to the server, refusing anything but a fast-forward.
 func (r *Repo) push(ref plumbing.ReferenceName) error {
+	return r.pushRefspec(config.RefSpec(ref + ":" + ref))
+}
+
+func (r *Repo) pushRefspec(spec config.RefSpec) error {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	err := r.repo.PushContext(ctx, &git.PushOptions{
 		RemoteName: git.DefaultRemoteName,
-		RefSpecs:   []config.RefSpec{config.RefSpec(ref + ":" + ref)},
+		RefSpecs:   []config.RefSpec{spec},
 	})
 	if err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
-		return fmt.Errorf("pushing %s: %w", ref.Short(), err)
+		return fmt.Errorf("pushing %s: %w", spec, err)
 	}
 	return nil
 }

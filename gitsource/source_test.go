@@ -1,0 +1,186 @@
+package gitsource_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/go-git/go-git/v5/plumbing"
+
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	"github.com/flotilla-gitops/flotilla/test/fleetgen"
+	"github.com/flotilla-gitops/flotilla/test/gitserver"
+)
+
+const template = "../fleet-template"
+
+func newSource(t *testing.T, url string) *gitsource.Source {
+	t.Helper()
+	s, err := gitsource.New(gitsource.Options{URL: url, Branch: "main"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func clusterFile(name string) string {
+	return "clusters/" + name + "/cluster.yaml"
+}
+
+func TestSnapshotReadsLikeACheckout(t *testing.T) {
+	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+	s := newSource(t, repo.URL())
+	snap, ch, err := s.Update(t.Context(), plumbing.ZeroHash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ch.All || snap.Commit.String() != repo.Head("main") {
+		t.Fatalf("first update: %+v at %s, want everything at %s", ch, snap.Commit, repo.Head("main"))
+	}
+	fromGit := fleet.Load(snap.FS())
+	fromDisk := fleet.Load(fleetgen.Template())
+	if errs := fromGit.AllErrors(); len(errs) > 0 {
+		t.Fatalf("the template read from git has errors: %v", errs)
+	}
+	if !slices.Equal(fromGit.ClusterNames(), fromDisk.ClusterNames()) {
+		t.Fatalf("clusters %v from git, %v from disk", fromGit.ClusterNames(), fromDisk.ClusterNames())
+	}
+	for name, c := range fromDisk.Clusters {
+		if fromGit.Clusters[name].Digest != c.Digest {
+			t.Errorf("cluster %s reads differently from git", name)
+		}
+	}
+	for name, p := range fromDisk.Presets {
+		if fromGit.Presets[name].Digest != p.Digest {
+			t.Errorf("preset %s reads differently from git", name)
+		}
+	}
+}
+
+func TestUpdateNamesTheChangedClusters(t *testing.T) {
+	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+	s := newSource(t, repo.URL())
+	first, _, err := s.Update(t.Context(), plumbing.ZeroHash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	example := fleetgen.Template()[clusterFile(fleetgen.ExampleCluster)].Data
+	withName := func(name string) []byte {
+		return []byte(strings.Replace(string(example), "name: "+fleetgen.ExampleCluster, "name: "+name, 1))
+	}
+	last := first.Commit
+	for _, step := range []struct {
+		name     string
+		commit   func() string
+		all      bool
+		clusters []string
+	}{
+		{"a cluster added", func() string {
+			return repo.Commit("main", "add", map[string][]byte{clusterFile("gpu-a"): withName("gpu-a"), clusterFile("gpu-b"): withName("gpu-b")})
+		}, false, []string{"gpu-a", "gpu-b"}},
+		{"a cluster modified", func() string {
+			return repo.Commit("main", "cordon", map[string][]byte{clusterFile("gpu-a"): []byte(strings.Replace(string(withName("gpu-a")), "cordoned: false", "cordoned: true", 1))})
+		}, false, []string{"gpu-a"}},
+		{"a cluster deleted", func() string {
+			return repo.Commit("main", "remove", map[string][]byte{clusterFile("gpu-b"): nil})
+		}, false, []string{"gpu-b"}},
+		{"a cluster renamed", func() string {
+			return repo.Commit("main", "rename", map[string][]byte{clusterFile("gpu-a"): nil, clusterFile("gpu-c"): withName("gpu-c")})
+		}, false, []string{"gpu-a", "gpu-c"}},
+		{"a file outside clusters and presets", func() string {
+			return repo.Commit("main", "docs", map[string][]byte{"README.md": []byte("new text\n")})
+		}, false, nil},
+		{"a preset", func() string {
+			return repo.Commit("main", "preset", map[string][]byte{"presets/gpu/notes.txt": []byte("x\n")})
+		}, true, nil},
+		{"fleet.yaml", func() string {
+			f := fleetgen.Template()["fleet.yaml"].Data
+			return repo.Commit("main", "fleet", map[string][]byte{"fleet.yaml": append(append([]byte{}, f...), "# touched\n"...)})
+		}, true, nil},
+		{".sops.yaml", func() string {
+			return repo.Commit("main", "sops", map[string][]byte{".sops.yaml": []byte("creation_rules: []\n")})
+		}, true, nil},
+		{"a force-push", func() string {
+			return repo.Rewrite("main", "rewritten", map[string][]byte{clusterFile("gpu-d"): withName("gpu-d")})
+		}, true, nil},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			head := step.commit()
+			snap, ch, err := s.Update(t.Context(), last)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if snap.Commit.String() != head {
+				t.Fatalf("head %s, want %s", snap.Commit, head)
+			}
+			if ch.All != step.all || !step.all && !slices.Equal(ch.Clusters, step.clusters) {
+				t.Fatalf("changes %+v, want all=%v clusters=%v", ch, step.all, step.clusters)
+			}
+			if ch.All && ch.Reason == "" {
+				t.Error("a full re-read without a reason")
+			}
+			last = snap.Commit
+		})
+	}
+	// Nothing new: nothing to do, and the same head.
+	snap, ch, err := s.Update(t.Context(), last)
+	if err != nil || !ch.Empty() || snap.Commit != last {
+		t.Fatalf("an update without a new commit gave %+v at %v (%v)", ch, snap, err)
+	}
+}
+
+func TestWrongCredentialsAreAClearErrorWithoutTheSecret(t *testing.T) {
+	const user, password = "fleet-reader", "s3cret-password-for-the-test"
+	srv := gitserver.StartWithAuth(t, user, password)
+	repo := srv.NewRepo(t, "fleet", template)
+
+	for _, tc := range []struct {
+		name string
+		auth string
+		ok   bool
+	}{
+		{"right password", password, true},
+		{"wrong password", "not-the-" + password, false},
+		{"no credentials", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := gitsource.Options{URL: repo.URL(), Branch: "main"}
+			if tc.auth != "" {
+				opts.Auth = gitsource.HTTPAuth(user, tc.auth)
+			}
+			s, err := gitsource.New(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.Fetch(t.Context())
+			if tc.ok {
+				if err != nil {
+					t.Fatalf("Fetch: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("Fetch with bad credentials succeeded")
+			}
+			if !strings.Contains(err.Error(), "authentication") || strings.Contains(err.Error(), password) {
+				t.Fatalf("error %q: want an authentication error without the password", err)
+			}
+		})
+	}
+}
+
+func TestMissingBranchIsAnError(t *testing.T) {
+	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+	s, err := gitsource.New(gitsource.Options{URL: repo.URL(), Branch: "release"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Fetch(context.Background()); err == nil || !strings.Contains(err.Error(), `no branch "release"`) {
+		t.Fatalf("Fetch of a missing branch = %v", err)
+	}
+	if _, err := gitsource.New(gitsource.Options{Branch: "main"}); err == nil {
+		t.Fatal("a source without URL was accepted")
+	}
+}

@@ -1,0 +1,137 @@
+package gitsource_test
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/flotilla-gitops/flotilla/gitsource"
+)
+
+const secret = "webhook-secret-of-the-test"
+
+func hmacHex(key, body string) string {
+	m := hmac.New(sha256.New, []byte(key))
+	m.Write([]byte(body))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+type delivery struct {
+	method  string
+	headers map[string]string
+	body    string
+}
+
+func github(event, id, sig string) delivery {
+	return delivery{headers: map[string]string{"X-GitHub-Event": event, "X-GitHub-Delivery": id, "X-Hub-Signature-256": sig}, body: `{"ref":"refs/heads/main"}`}
+}
+
+func gitea(event, id, sig string) delivery {
+	// Gitea sends GitHub's headers too, with GitHub's signature header unset or stale.
+	return delivery{headers: map[string]string{"X-Gitea-Event": event, "X-Gitea-Delivery": id, "X-Gitea-Signature": sig,
+		"X-GitHub-Event": event, "X-GitHub-Delivery": id, "X-Hub-Signature-256": "sha256=" + hmacHex("stale", "")}, body: `{"ref":"refs/heads/main"}`}
+}
+
+func gitlab(event, id, token string) delivery {
+	return delivery{headers: map[string]string{"X-Gitlab-Event": event, "X-Gitlab-Event-UUID": id, "X-Gitlab-Token": token}, body: `{"ref":"refs/heads/main"}`}
+}
+
+func TestWebhooks(t *testing.T) {
+	body := `{"ref":"refs/heads/main"}`
+	ghSig := "sha256=" + hmacHex(secret, body)
+	gtSig := hmacHex(secret, body)
+	for _, tc := range []struct {
+		name     string
+		d        delivery
+		code     int
+		triggers int
+		logged   string
+	}{
+		{"GitHub push, right signature", github("push", "gh-1", ghSig), 202, 1, "webhook accepted"},
+		{"GitHub pull request", github("pull_request", "gh-2", ghSig), 202, 1, "webhook accepted"},
+		{"GitHub ping", github("ping", "gh-3", ghSig), 202, 0, ""},
+		{"GitHub wrong signature", github("push", "gh-4", "sha256="+hmacHex("other", body)), 401, 0, "wrong signature"},
+		{"GitHub missing signature", github("push", "gh-5", ""), 401, 0, "unsigned"},
+		{"GitHub malformed signature", github("push", "gh-6", "sha1=abc"), 401, 0, "malformed signature"},
+		{"Gitea push, right signature", gitea("push", "gt-1", gtSig), 202, 1, "forge=gitea"},
+		{"Gitea wrong signature", gitea("push", "gt-2", hmacHex("other", body)), 401, 0, "wrong signature"},
+		{"Gitea missing signature", gitea("push", "gt-3", ""), 401, 0, "unsigned"},
+		{"GitLab push, right token", gitlab("Push Hook", "gl-1", secret), 202, 1, "forge=gitlab"},
+		{"GitLab merge request", gitlab("Merge Request Hook", "gl-2", secret), 202, 1, "webhook accepted"},
+		{"GitLab wrong token", gitlab("Push Hook", "gl-3", "guess"), 401, 0, "wrong token"},
+		{"GitLab missing token", gitlab("Push Hook", "gl-4", ""), 401, 0, "no token"},
+		{"no forge headers", delivery{headers: map[string]string{}, body: body}, 401, 0, "no forge event header"},
+		{"GET", delivery{method: http.MethodGet, headers: map[string]string{}}, 405, 0, ""},
+		{"a body over the cap", delivery{headers: map[string]string{"X-GitHub-Event": "push"}, body: strings.Repeat("x", 2048)}, 413, 0, "body too large"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			var mu sync.Mutex
+			triggers := 0
+			h := gitsource.NewWebhookHandler(gitsource.WebhookOptions{
+				Secret:  []byte(secret),
+				MaxBody: 1024,
+				Trigger: func(gitsource.Forge, string) { mu.Lock(); triggers++; mu.Unlock() },
+				Log:     slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+			})
+			method := tc.d.method
+			if method == "" {
+				method = http.MethodPost
+			}
+			req := httptest.NewRequest(method, "/v1/webhook", strings.NewReader(tc.d.body))
+			for k, v := range tc.d.headers {
+				if v != "" {
+					req.Header.Set(k, v)
+				}
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != tc.code || triggers != tc.triggers {
+				t.Fatalf("status %d with %d triggers, want %d with %d", rec.Code, triggers, tc.code, tc.triggers)
+			}
+			if tc.code == 401 && strings.TrimSpace(rec.Body.String()) != "unauthorized" {
+				t.Errorf("a refused delivery was told %q", rec.Body.String())
+			}
+			if !strings.Contains(logs.String(), tc.logged) {
+				t.Errorf("log %q lacks %q", logs.String(), tc.logged)
+			}
+			if strings.Contains(logs.String(), secret) {
+				t.Error("the secret was logged")
+			}
+			// The same delivery again is acknowledged and does nothing.
+			if tc.code == 202 && tc.triggers == 1 {
+				req := httptest.NewRequest(method, "/v1/webhook", strings.NewReader(tc.d.body))
+				for k, v := range tc.d.headers {
+					req.Header.Set(k, v)
+				}
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				if rec.Code != 200 || triggers != 1 {
+					t.Fatalf("a replayed delivery: status %d, %d triggers", rec.Code, triggers)
+				}
+			}
+		})
+	}
+}
+
+func TestNoSecretRefusesEverything(t *testing.T) {
+	h := gitsource.NewWebhookHandler(gitsource.WebhookOptions{Trigger: func(gitsource.Forge, string) { t.Error("triggered") }})
+	for _, d := range []delivery{github("push", "1", "sha256="+hmacHex("", "{}")), gitlab("Push Hook", "2", "")} {
+		req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("{}"))
+		for k, v := range d.headers {
+			req.Header.Set(k, v)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != 401 {
+			t.Errorf("status %d, want 401", rec.Code)
+		}
+	}
+}
