@@ -60,7 +60,6 @@ func NewWebhookHandler(opts WebhookOptions) *WebhookHandler {
 	return &WebhookHandler{opts: opts, seen: lru.New(4096)}
 }
 
-
 func (h *WebhookHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
