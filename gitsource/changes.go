@@ -48,13 +48,10 @@ func Diff(ctx context.Context, old, new *object.Tree) (Changes, error) {
 					ch.All, ch.Reason = true, p+" changed"
 				}
 			case strings.HasPrefix(p, "clusters/"):
-				if name, _, ok := strings.Cut(strings.TrimPrefix(p, "clusters/"), "/"); ok {
-					clusters[name] = true
-				} else {
-					// A file directly under clusters/ is not a cluster, but the loader
-					// reports it; re-reading everything keeps that report current.
-					clusters[name] = true
-				}
+				// A file directly under clusters/ counts under its own name: the loader
+				// ignores it, so re-reading that name is harmless.
+				name, _, _ := strings.Cut(strings.TrimPrefix(p, "clusters/"), "/")
+				clusters[name] = true
 			}
 		}
 	}
