@@ -70,8 +70,8 @@ func (o *clusterAddOptions) run(out io.Writer, name string) error {
 	if err != nil {
 		return err
 	}
-	if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
-		return fmt.Errorf("cluster name %q: %s", name, strings.Join(errs, "; "))
+	if err := checkClusterName(name); err != nil {
+		return err
 	}
 	clusterDir := filepath.Join(o.dir, fleet.ClustersDir, name)
 	if _, err := os.Lstat(clusterDir); err == nil {
@@ -150,8 +150,8 @@ func newClusterRotateTokenCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
-				return fmt.Errorf("cluster name %q: %s", name, strings.Join(errs, "; "))
+			if err := checkClusterName(name); err != nil {
+				return err
 			}
 			if _, ok := f.Clusters[name]; !ok {
 				return fmt.Errorf("no cluster %q under %s/; add it with `flotilla cluster add`", name, fleet.ClustersDir)
@@ -180,6 +180,15 @@ func newClusterRotateTokenCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&dir, "dir", ".", "the fleet repository's checkout")
 	return cmd
+}
+
+// checkClusterName refuses a name that cannot be a cluster directory before anything
+// else is looked at.
+func checkClusterName(name string) error {
+	if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
+		return fmt.Errorf("cluster name %q: %s", name, strings.Join(errs, "; "))
+	}
+	return nil
 }
 
 // loadFleetForEdit loads the checkout and insists on a valid fleet.yaml: a cluster's
