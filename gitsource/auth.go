@@ -64,8 +64,8 @@ func knownHostsCallback(data []byte) (ssh.HostKeyCallback, error) {
 	return cb, nil
 }
 
-// redactURL drops credentials written into a URL.
-func redactURL(s string) string {
+// RedactURL drops credentials written into a URL.
+func RedactURL(s string) string {
 	u, err := url.Parse(s)
 	if err != nil || u.User == nil {
 		return s
@@ -74,9 +74,9 @@ func redactURL(s string) string {
 	return u.String()
 }
 
-// redactError keeps a password or token out of a transport error's text, whatever the
+// RedactError keeps a password or token out of a transport error's text, whatever the
 // library put into it.
-func redactError(err error, auth transport.AuthMethod) string {
+func RedactError(err error, auth transport.AuthMethod) string {
 	msg := err.Error()
 	if errors.Is(err, transport.ErrAuthenticationRequired) || errors.Is(err, transport.ErrAuthorizationFailed) {
 		msg = "authentication failed: the credentials were refused or are missing"

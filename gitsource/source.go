@@ -65,7 +65,7 @@ func New(opts Options) (*Source, error) {
 		Fetch: []config.RefSpec{branchSpec(opts.Branch)},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("gitsource: %s: %w", redactURL(opts.URL), err)
+		return nil, fmt.Errorf("gitsource: %s: %w", RedactURL(opts.URL), err)
 	}
 	return &Source{opts: opts, repo: repo, remote: remote}, nil
 }
@@ -90,7 +90,7 @@ func (s *Source) RemoteHead(ctx context.Context) (plumbing.Hash, error) {
 			return r.Hash(), nil
 		}
 	}
-	return plumbing.ZeroHash, fmt.Errorf("gitsource: %s has no branch %q", redactURL(s.opts.URL), s.opts.Branch)
+	return plumbing.ZeroHash, fmt.Errorf("gitsource: %s has no branch %q", RedactURL(s.opts.URL), s.opts.Branch)
 }
 
 // Head is the last fetched head, or the zero hash before the first fetch.
@@ -193,5 +193,5 @@ func descends(snap *Snapshot, last plumbing.Hash) bool {
 }
 
 func (s *Source) wrap(op string, err error) error {
-	return fmt.Errorf("gitsource: %s %s: %s", op, redactURL(s.opts.URL), redactError(err, s.opts.Auth))
+	return fmt.Errorf("gitsource: %s %s: %s", op, RedactURL(s.opts.URL), RedactError(err, s.opts.Auth))
 }

@@ -47,6 +47,6 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.AddCommand(newValidateCommand(), newRenderCommand(), newFleetCommand(), newClusterCommand())
+	root.AddCommand(newValidateCommand(), newRenderCommand(), newFleetCommand(), newClusterCommand(), newStatusCommand())
 	return root
 }

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
+	"github.com/flotilla-gitops/flotilla/test/gitserver"
+)
+
+func TestStatusShowsTheNotesOfACommit(t *testing.T) {
+	srv := gitserver.Start(t)
+	repo := srv.NewRepo(t, "fleet", "")
+	first := repo.Commit("main", "add a", map[string][]byte{"clusters/a/cluster.yaml": []byte("name: a\n")})
+	head := repo.Commit("main", "add b", map[string][]byte{"clusters/b/cluster.yaml": []byte("name: b\n")})
+	b, err := gitnotes.New(gitnotes.Options{URL: repo.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := status.NewPublisher(b, status.PublisherOptions{})
+	for _, s := range []struct {
+		commit string
+		st     status.Status
+	}{
+		{first, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready · 8× H100 80GB on 1 node"}},
+		{head, status.Status{Context: "flotilla/b", State: status.Pending, Description: "waiting for the agent to register"}},
+		{head, status.Status{Context: "flotilla/fleet", State: status.Pending, Description: "1 of 2 clusters ready"}},
+	} {
+		if _, err := p.Publish(context.Background(), s.commit, s.st); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	tests := []struct {
+		name    string
+		args    []string
+		want    []string
+		notWant []string
+	}{
+		{"the head of the branch by default", []string{"status", "--repo", repo.URL()},
+			[]string{"commit " + head, "flotilla/b", "pending", "waiting for the agent to register", "flotilla/fleet"}, []string{"flotilla/a"}},
+		{"a given commit", []string{"status", "--repo", repo.URL(), "--commit", first},
+			[]string{"commit " + first, "flotilla/a", "success", "8× H100 80GB"}, []string{"flotilla/b"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errOut := runCLI(t, tt.args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+			for _, w := range tt.notWant {
+				if strings.Contains(out, w) {
+					t.Errorf("output shows %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+
+	if code, _, errOut := runCLI(t, "status", "--repo", repo.URL(), "--commit", "abc"); code == 0 || !strings.Contains(errOut, "not a full commit hash") {
+		t.Errorf("a short commit: exit %d, %q; want a clear refusal", code, errOut)
+	}
+}

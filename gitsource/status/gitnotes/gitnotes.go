@@ -1,0 +1,413 @@
+// Package gitnotes keeps commit statuses in the fleet repository itself, as git notes
+// under refs/notes/flotilla, for a hub that has no forge to post to: any git server
+// works, and `git notes --ref flotilla show <commit>` or `flotilla status` reads them.
+//
+// A note holds one JSON document per commit with the newest status of every context and
+// how many times each was set. Writers fetch the notes ref, change the note, commit and
+// push without force; a push that lost a race with another writer is redone on top of
+// the winner's notes, so nothing written is lost.
+package gitnotes
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	git "github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/config"
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/filemode"
+	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/transport"
+	"github.com/go-git/go-git/v5/storage/memory"
+
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+)
+
+// DefaultRef is where flotilla's notes live.
+const DefaultRef = "refs/notes/flotilla"
+
+// Options say which repository holds the notes.
+type Options struct {
+	URL  string
+	Auth transport.AuthMethod
+	// Ref defaults to DefaultRef.
+	Ref string
+	// Author signs the notes commits; defaults to "flotilla <flotilla@localhost>".
+	Author object.Signature
+	// Attempts bounds how often a push that lost a race is redone. Default 10.
+	Attempts int
+	// Now is the clock for note times; defaults to time.Now.
+	Now func() time.Time
+}
+
+// Backend is a status.Backend over git notes.
+type Backend struct {
+	opts   Options
+	mu     sync.Mutex
+	repo   *git.Repository
+	remote *git.Remote
+}
+
+var _ status.Backend = (*Backend)(nil)
+
+// Note is the document kept for one commit.
+type Note struct {
+	Statuses map[string]Entry `json:"statuses"`
+}
+
+// Entry is one context's newest status on a commit.
+type Entry struct {
+	State       status.State `json:"state"`
+	Description string       `json:"description,omitempty"`
+	TargetURL   string       `json:"targetURL,omitempty"`
+	Updated     time.Time    `json:"updated"`
+	// Count is how many times the context was set on the commit.
+	Count int `json:"count"`
+}
+
+// New prepares a backend; nothing is fetched until the first call.
+func New(opts Options) (*Backend, error) {
+	if opts.URL == "" {
+		return nil, errors.New("gitnotes: no repository URL")
+	}
+	if opts.Ref == "" {
+		opts.Ref = DefaultRef
+	}
+	if !strings.HasPrefix(opts.Ref, "refs/notes/") {
+		return nil, fmt.Errorf("gitnotes: %q is not a notes ref (refs/notes/...)", opts.Ref)
+	}
+	if opts.Author.Name == "" {
+		opts.Author = object.Signature{Name: "flotilla", Email: "flotilla@localhost"}
+	}
+	if opts.Attempts <= 0 {
+		opts.Attempts = 10
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	repo, err := git.Init(memory.NewStorage(), nil)
+	if err != nil {
+		return nil, err
+	}
+	remote, err := repo.CreateRemote(&config.RemoteConfig{Name: "origin", URLs: []string{opts.URL}})
+	if err != nil {
+		return nil, fmt.Errorf("gitnotes: %w", err)
+	}
+	return &Backend{opts: opts, repo: repo, remote: remote}, nil
+}
+
+// Canonical is st itself: a note has no length limit and keeps all four states.
+func (b *Backend) Canonical(st status.Status) status.Status { return st }
+
+// Latest reads the note of commit.
+func (b *Backend) Latest(ctx context.Context, commit string) (map[string]status.Status, error) {
+	n, err := b.Read(ctx, commit)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]status.Status, len(n.Statuses))
+	for name, e := range n.Statuses {
+		out[name] = status.Status{Context: name, State: e.State, Description: e.Description, TargetURL: e.TargetURL}
+	}
+	return out, nil
+}
+
+// Read returns the whole note of commit, an empty one when there is none.
+func (b *Backend) Read(ctx context.Context, commit string) (Note, error) {
+	h, err := parseCommit(commit)
+	if err != nil {
+		return Note{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	head, err := b.fetch(ctx)
+	if err != nil {
+		return Note{}, err
+	}
+	n, _, err := b.note(head, h)
+	return n, err
+}
+
+// Set records st on commit and pushes the notes.
+func (b *Backend) Set(ctx context.Context, commit string, st status.Status) error {
+	h, err := parseCommit(commit)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for range b.opts.Attempts {
+		head, err := b.fetch(ctx)
+		if err != nil {
+			return err
+		}
+		n, _, err := b.note(head, h)
+		if err != nil {
+			return err
+		}
+		if n.Statuses == nil {
+			n.Statuses = map[string]Entry{}
+		}
+		e := n.Statuses[st.Context]
+		n.Statuses[st.Context] = Entry{State: st.State, Description: st.Description, TargetURL: st.TargetURL, Updated: b.opts.Now().UTC(), Count: e.Count + 1}
+		next, err := b.commit(head, h, n, fmt.Sprintf("%s: %s on %s", st.Context, st.State, h))
+		if err != nil {
+			return err
+		}
+		err = b.remote.PushContext(ctx, &git.PushOptions{
+			RefSpecs: []config.RefSpec{config.RefSpec(next.String() + ":" + b.opts.Ref)},
+			Auth:     b.opts.Auth,
+		})
+		if err == nil || errors.Is(err, git.NoErrAlreadyUpToDate) {
+			return nil
+		}
+		// A writer that pushed first shows as a refused non-fast-forward, or, when both
+		// pushes met on the server, as whatever the losing receive-pack said: either way
+		// the ref has moved, and the change is redone on top of it.
+		if moved, lerr := b.moved(ctx, head); lerr != nil || !moved {
+			return b.wrap("pushing notes", err)
+		}
+	}
+	return fmt.Errorf("gitnotes: %s on %s: lost the race to push %d times", st.Context, h, b.opts.Attempts)
+}
+
+// moved reports whether the remote notes ref is no longer at head.
+func (b *Backend) moved(ctx context.Context, head plumbing.Hash) (bool, error) {
+	refs, err := b.remote.ListContext(ctx, &git.ListOptions{Auth: b.opts.Auth})
+	if err != nil {
+		return false, err
+	}
+	for _, r := range refs {
+		if r.Name() == plumbing.ReferenceName(b.opts.Ref) {
+			return r.Hash() != head, nil
+		}
+	}
+	return !head.IsZero(), nil
+}
+
+// fetch brings the remote notes ref in and returns its commit, the zero hash when the
+// repository has no notes yet.
+func (b *Backend) fetch(ctx context.Context) (plumbing.Hash, error) {
+	refs, err := b.remote.ListContext(ctx, &git.ListOptions{Auth: b.opts.Auth})
+	if err != nil {
+		if errors.Is(err, transport.ErrEmptyRemoteRepository) {
+			return plumbing.ZeroHash, nil
+		}
+		return plumbing.ZeroHash, b.wrap("listing refs", err)
+	}
+	var remote plumbing.Hash
+	for _, r := range refs {
+		if r.Name() == plumbing.ReferenceName(b.opts.Ref) {
+			remote = r.Hash()
+		}
+	}
+	if remote.IsZero() {
+		return plumbing.ZeroHash, nil
+	}
+	if _, err := b.repo.CommitObject(remote); err == nil {
+		return remote, nil
+	}
+	err = b.remote.FetchContext(ctx, &git.FetchOptions{
+		RefSpecs: []config.RefSpec{config.RefSpec("+" + b.opts.Ref + ":" + b.opts.Ref)},
+		Auth:     b.opts.Auth,
+		Tags:     git.NoTags,
+		Force:    true,
+	})
+	if err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
+		return plumbing.ZeroHash, b.wrap("fetching notes", err)
+	}
+	return remote, nil
+}
+
+// note reads the note on commit in the notes commit head, with the path it is at.
+func (b *Backend) note(head, commit plumbing.Hash) (Note, string, error) {
+	if head.IsZero() {
+		return Note{}, "", nil
+	}
+	tree, err := b.notesTree(head)
+	if err != nil {
+		return Note{}, "", err
+	}
+	p, ok, err := findNote(tree, commit.String())
+	if err != nil || !ok {
+		return Note{}, "", err
+	}
+	f, err := tree.File(p)
+	if err != nil {
+		return Note{}, "", fmt.Errorf("gitnotes: note of %s: %w", commit, err)
+	}
+	r, err := f.Reader()
+	if err != nil {
+		return Note{}, "", fmt.Errorf("gitnotes: note of %s: %w", commit, err)
+	}
+	defer r.Close()
+	data, err := io.ReadAll(io.LimitReader(r, maxNote+1))
+	if err != nil {
+		return Note{}, "", fmt.Errorf("gitnotes: note of %s: %w", commit, err)
+	}
+	if len(data) > maxNote {
+		return Note{}, "", fmt.Errorf("gitnotes: note of %s is larger than %d bytes", commit, maxNote)
+	}
+	var n Note
+	if err := json.Unmarshal(data, &n); err != nil {
+		return Note{}, "", fmt.Errorf("gitnotes: note of %s in %s is not flotilla's: %w", commit, b.opts.Ref, err)
+	}
+	return n, p, nil
+}
+
+// maxNote bounds what is read of a note, so a hostile note cannot exhaust the hub.
+const maxNote = 4 << 20
+
+func (b *Backend) notesTree(head plumbing.Hash) (*object.Tree, error) {
+	c, err := b.repo.CommitObject(head)
+	if err != nil {
+		return nil, fmt.Errorf("gitnotes: %s at %s: %w", b.opts.Ref, head, err)
+	}
+	t, err := c.Tree()
+	if err != nil {
+		return nil, fmt.Errorf("gitnotes: tree of %s at %s: %w", b.opts.Ref, head, err)
+	}
+	return t, nil
+}
+
+// findNote finds the note of the object named hex, flat or under the fan-out
+// directories git notes makes in large notes trees (ab/cdef...).
+func findNote(t *object.Tree, hex string) (string, bool, error) {
+	prefix := ""
+	for rest := hex; ; {
+		for _, e := range t.Entries {
+			if e.Name == rest && e.Mode.IsFile() {
+				return prefix + rest, true, nil
+			}
+		}
+		if len(rest) <= 2 {
+			return "", false, nil
+		}
+		e, err := t.FindEntry(rest[:2])
+		if err != nil || e.Mode != filemode.Dir {
+			return "", false, nil
+		}
+		sub, err := t.Tree(rest[:2])
+		if err != nil {
+			return "", false, err
+		}
+		prefix, rest, t = prefix+rest[:2]+"/", rest[2:], sub
+	}
+}
+
+// commit writes a notes commit on top of head with commit's note set to n.
+func (b *Backend) commit(head, commit plumbing.Hash, n Note, msg string) (plumbing.Hash, error) {
+	data, err := json.MarshalIndent(n, "", "  ")
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	data = append(data, '\n')
+	blob, err := b.store(func(o plumbing.EncodedObject) error {
+		o.SetType(plumbing.BlobObject)
+		w, err := o.Writer()
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write(data); err != nil {
+			return err
+		}
+		return w.Close()
+	})
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	var root *object.Tree
+	var parents []plumbing.Hash
+	notePath := commit.String()
+	if !head.IsZero() {
+		if root, err = b.notesTree(head); err != nil {
+			return plumbing.ZeroHash, err
+		}
+		parents = []plumbing.Hash{head}
+		if p, ok, err := findNote(root, commit.String()); err != nil {
+			return plumbing.ZeroHash, err
+		} else if ok {
+			notePath = p
+		}
+	}
+	treeHash, err := b.replace(root, strings.Split(notePath, "/"), blob)
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	sig := b.opts.Author
+	sig.When = b.opts.Now()
+	c := &object.Commit{Author: sig, Committer: sig, Message: msg + "\n", TreeHash: treeHash, ParentHashes: parents}
+	return b.store(func(o plumbing.EncodedObject) error { return c.Encode(o) })
+}
+
+// replace writes a copy of t (nil for an empty tree) with the file at path set to blob.
+func (b *Backend) replace(t *object.Tree, path []string, blob plumbing.Hash) (plumbing.Hash, error) {
+	var entries []object.TreeEntry
+	if t != nil {
+		entries = append(entries, t.Entries...)
+	}
+	name := path[0]
+	entry := object.TreeEntry{Name: name, Mode: filemode.Regular, Hash: blob}
+	if len(path) > 1 {
+		var sub *object.Tree
+		if t != nil {
+			if s, err := t.Tree(name); err == nil {
+				sub = s
+			}
+		}
+		h, err := b.replace(sub, path[1:], blob)
+		if err != nil {
+			return plumbing.ZeroHash, err
+		}
+		entry = object.TreeEntry{Name: name, Mode: filemode.Dir, Hash: h}
+	}
+	found := false
+	for i := range entries {
+		if entries[i].Name == name {
+			entries[i], found = entry, true
+		}
+	}
+	if !found {
+		entries = append(entries, entry)
+	}
+	// Git orders tree entries by name, a directory as if its name ended in a slash.
+	key := func(e object.TreeEntry) string {
+		if e.Mode == filemode.Dir {
+			return e.Name + "/"
+		}
+		return e.Name
+	}
+	sort.Slice(entries, func(i, j int) bool { return key(entries[i]) < key(entries[j]) })
+	nt := &object.Tree{Entries: entries}
+	return b.store(func(o plumbing.EncodedObject) error { return nt.Encode(o) })
+}
+
+func (b *Backend) store(encode func(plumbing.EncodedObject) error) (plumbing.Hash, error) {
+	o := b.repo.Storer.NewEncodedObject()
+	if err := encode(o); err != nil {
+		return plumbing.ZeroHash, fmt.Errorf("gitnotes: encoding: %w", err)
+	}
+	return b.repo.Storer.SetEncodedObject(o)
+}
+
+func parseCommit(s string) (plumbing.Hash, error) {
+	if len(s) != 40 || !plumbing.IsHash(s) {
+		return plumbing.ZeroHash, fmt.Errorf("gitnotes: %q is not a full commit hash", s)
+	}
+	return plumbing.NewHash(s), nil
+}
+
+func (b *Backend) wrap(op string, err error) error {
+	if errors.Is(err, transport.ErrAuthenticationRequired) || errors.Is(err, transport.ErrAuthorizationFailed) {
+		return fmt.Errorf("gitnotes: %s %s: %w", op, gitsource.RedactURL(b.opts.URL), status.ErrUnauthorized)
+	}
+	return fmt.Errorf("gitnotes: %s %s: %s", op, gitsource.RedactURL(b.opts.URL), gitsource.RedactError(err, b.opts.Auth))
+}

@@ -1,0 +1,211 @@
+package gitnotes_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
+	"github.com/flotilla-gitops/flotilla/test/gitserver"
+	"github.com/flotilla-gitops/flotilla/test/statussuite"
+)
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newBackend(t *testing.T, url string) *gitnotes.Backend {
+	t.Helper()
+	b, err := gitnotes.New(gitnotes.Options{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestSuite(t *testing.T) {
+	srv := gitserver.Start(t)
+	n := 0
+	statussuite.Run(t, func(t *testing.T) statussuite.Target {
+		n++
+		repo := srv.NewRepo(t, fmt.Sprintf("fleet-%d", n), "")
+		b := newBackend(t, repo.URL())
+		commits := 0
+		return statussuite.Target{
+			Backend: b,
+			NewCommit: func(t *testing.T) string {
+				commits++
+				return repo.Commit("main", fmt.Sprintf("change %d", commits), map[string][]byte{"f": fmt.Appendf(nil, "%d", commits)})
+			},
+			Count: func(t *testing.T, commit, context string) int {
+				// A fresh reader, so the count is what the repository holds.
+				note, err := newBackend(t, repo.URL()).Read(ctxT(t), commit)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return note.Statuses[context].Count
+			},
+		}
+	})
+}
+
+func git(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(cmd.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t.invalid", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t.invalid")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func TestGitReadsTheNotes(t *testing.T) {
+	srv := gitserver.Start(t)
+	repo := srv.NewRepo(t, "fleet", "")
+	c := repo.Commit("main", "add a cluster", map[string][]byte{"clusters/a/cluster.yaml": []byte("name: a\n")})
+	p := status.NewPublisher(newBackend(t, repo.URL()), status.PublisherOptions{})
+	if _, err := p.Publish(ctxT(t), c, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready · 8× H100 80GB on 1 node"}); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	git(t, dir, "init", "-q")
+	git(t, dir, "fetch", "-q", repo.URL(), "main", "refs/notes/flotilla:refs/notes/flotilla")
+	note := git(t, dir, "notes", "--ref", "flotilla", "show", c)
+	for _, want := range []string{`"flotilla/a"`, `"state": "success"`, "8× H100 80GB"} {
+		if !strings.Contains(note, want) {
+			t.Errorf("git notes show prints\n%s\nwithout %s", note, want)
+		}
+	}
+}
+
+// A notes tree that git has fanned out into ab/cdef... directories is read, and
+// written back in place, where git looks for it.
+func TestFannedOutNotes(t *testing.T) {
+	srv := gitserver.Start(t)
+	repo := srv.NewRepo(t, "fleet", "")
+	c := repo.Commit("main", "add a cluster", map[string][]byte{"clusters/a/cluster.yaml": []byte("name: a\n")})
+
+	dir := t.TempDir()
+	git(t, dir, "init", "-q")
+	git(t, dir, "fetch", "-q", repo.URL(), "main")
+	note := `{"statuses":{"flotilla/a":{"state":"pending","description":"waiting","updated":"2026-01-01T00:00:00Z","count":1}}}`
+	blob := gitIn(t, dir, note, "hash-object", "-w", "--stdin")
+	inner := gitIn(t, dir, fmt.Sprintf("100644 blob %s\t%s\n", blob, c[4:]), "mktree")
+	mid := gitIn(t, dir, fmt.Sprintf("040000 tree %s\t%s\n", inner, c[2:4]), "mktree")
+	root := gitIn(t, dir, fmt.Sprintf("040000 tree %s\t%s\n", mid, c[:2]), "mktree")
+	notes := git(t, dir, "commit-tree", root, "-m", "fanned out")
+	git(t, dir, "push", "-q", repo.URL(), notes+":refs/notes/flotilla")
+
+	b := newBackend(t, repo.URL())
+	got, err := b.Latest(ctxT(t), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["flotilla/a"].Description != "waiting" {
+		t.Fatalf("Latest = %v, want the fanned-out note's status", got)
+	}
+	if err := b.Set(ctxT(t), c, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"}); err != nil {
+		t.Fatal(err)
+	}
+	git(t, dir, "fetch", "-q", repo.URL(), "+refs/notes/flotilla:refs/notes/flotilla")
+	if shown := git(t, dir, "notes", "--ref", "flotilla", "show", c); !strings.Contains(shown, `"state": "success"`) {
+		t.Fatalf("git reads\n%s\nafter the update, want the success", shown)
+	}
+	if paths := git(t, dir, "ls-tree", "-r", "--name-only", "refs/notes/flotilla"); paths != c[:2]+"/"+c[2:4]+"/"+c[4:] {
+		t.Fatalf("notes tree holds %q, want the note left at its fanned-out path", paths)
+	}
+}
+
+func gitIn(t *testing.T, dir, stdin string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// Two hubs writing notes at once (say, during a leader hand-over) lose nothing: the
+// one whose push is refused redoes its change on top of the other's.
+func TestConcurrentWritersLoseNothing(t *testing.T) {
+	srv := gitserver.Start(t)
+	repo := srv.NewRepo(t, "fleet", "")
+	c := repo.Commit("main", "add clusters", map[string][]byte{"f": []byte("x")})
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for w := range 2 {
+		b := newBackend(t, repo.URL())
+		wg.Go(func() {
+			for i := range 5 {
+				st := status.Status{Context: fmt.Sprintf("flotilla/w%d-%d", w, i), State: status.Pending, Description: "waiting"}
+				if err := b.Set(context.Background(), c, st); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	got, err := newBackend(t, repo.URL()).Latest(ctxT(t), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 10 {
+		t.Fatalf("the note holds %d contexts, want all 10 written by both writers", len(got))
+	}
+}
+
+func TestRefusedCredentials(t *testing.T) {
+	const password = "s3cret-password-for-notes"
+	srv := gitserver.StartWithAuth(t, "hub", password)
+	repo := srv.NewRepo(t, "fleet", "")
+	c := repo.Commit("main", "x", map[string][]byte{"f": []byte("x")})
+	tests := []struct {
+		name string
+		opts gitnotes.Options
+	}{
+		{"wrong password", gitnotes.Options{URL: repo.URL(), Auth: gitsource.HTTPAuth("hub", password+"-wrong")}},
+		{"no credentials", gitnotes.Options{URL: repo.URL()}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := gitnotes.New(tt.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = b.Set(ctxT(t), c, status.Status{Context: "flotilla/a", State: status.Pending})
+			if !errors.Is(err, status.ErrUnauthorized) {
+				t.Fatalf("Set = %v, want ErrUnauthorized", err)
+			}
+			if strings.Contains(err.Error(), password) {
+				t.Fatalf("the error shows the password: %v", err)
+			}
+		})
+	}
+	b, err := gitnotes.New(gitnotes.Options{URL: repo.URL(), Auth: gitsource.HTTPAuth("hub", password)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Set(ctxT(t), c, status.Status{Context: "flotilla/a", State: status.Pending}); err != nil {
+		t.Fatalf("Set with the right password: %v", err)
+	}
+}

@@ -1,0 +1,151 @@
+// Package forge holds what the in-repo forge test servers (GitHub, Gitea, GitLab, in
+// the packages below this one) share: the statuses they keep per commit, faults a test
+// injects, and a log of the requests they served. Each server speaks its forge's API on
+// top of a Store; the Store speaks no API.
+package forge
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Record is one status as a forge keeps it, in the forge's own state names.
+type Record struct {
+	ID          int64
+	Context     string
+	State       string
+	Description string
+	TargetURL   string
+	Created     time.Time
+}
+
+// Request is one request a server received.
+type Request struct {
+	Time   time.Time
+	Method string
+	Path   string
+	// Fault is the status code a injected fault answered with, 0 for a normal answer.
+	Fault int
+}
+
+// Fault is an injected failure: the answer's status code and, when positive, the
+// Retry-After the server sends with it.
+type Fault struct {
+	Code       int
+	RetryAfter time.Duration
+}
+
+// Store is the state of one forge server. Its methods are safe for concurrent use.
+type Store struct {
+	mu       sync.Mutex
+	nextID   int64
+	commits  map[string][]Record // oldest first
+	faults   []Fault
+	requests []Request
+	clock    time.Time
+}
+
+// NewStore returns an empty store.
+func NewStore() *Store {
+	return &Store{commits: map[string][]Record{}, clock: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+// Add records r on commit with the next ID and a creation time one second after the
+// previous record's, so that "newest" is never a tie.
+func (s *Store) Add(commit string, r Record) Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.add(commit, r)
+}
+
+func (s *Store) add(commit string, r Record) Record {
+	s.nextID++
+	s.clock = s.clock.Add(time.Second)
+	r.ID, r.Created = s.nextID, s.clock
+	s.commits[strings.ToLower(commit)] = append(s.commits[strings.ToLower(commit)], r)
+	return r
+}
+
+// Fill records n statuses of state on commit and context, as if posted over time.
+func (s *Store) Fill(commit, context, state string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range n {
+		s.add(commit, Record{Context: context, State: state, Description: "filled " + strconv.Itoa(i)})
+	}
+}
+
+// All is every status of commit, newest first, as forges list history.
+func (s *Store) All(commit string) []Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := slices.Clone(s.commits[strings.ToLower(commit)])
+	slices.Reverse(out)
+	return out
+}
+
+// Latest is the newest status per context of commit, sorted by context.
+func (s *Store) Latest(commit string) []Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := map[string]int{}
+	var out []Record
+	for _, r := range s.commits[strings.ToLower(commit)] {
+		if i, ok := seen[r.Context]; ok {
+			out[i] = r
+			continue
+		}
+		seen[r.Context] = len(out)
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b Record) int { return strings.Compare(a.Context, b.Context) })
+	return out
+}
+
+// Count is how many statuses commit holds for context.
+func (s *Store) Count(commit, context string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.commits[strings.ToLower(commit)] {
+		if r.Context == context {
+			n++
+		}
+	}
+	return n
+}
+
+// FailNext makes the next n requests of any kind fail with f.
+func (s *Store) FailNext(n int, f Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.faults = append(s.faults, f)
+	}
+}
+
+// Begin logs a request and returns the fault it must answer with, if one is queued.
+// Servers call it first thing for every request.
+func (s *Store) Begin(method, path string) (Fault, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	req := Request{Time: time.Now(), Method: method, Path: path}
+	var f Fault
+	ok := len(s.faults) > 0
+	if ok {
+		f, s.faults = s.faults[0], s.faults[1:]
+		req.Fault = f.Code
+	}
+	s.requests = append(s.requests, req)
+	return f, ok
+}
+
+// Requests is every request served so far, oldest first.
+func (s *Store) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.requests)
+}

@@ -1,0 +1,321 @@
+// Package statussuite is the one behavioural test suite every commit-status backend
+// passes: GitHub, Gitea and GitLab against their in-repo test servers, git notes
+// against the real git server. It drives a backend through status.Publisher, the way
+// the hub does, and checks what a reader of the forge would see.
+package statussuite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/test/forge"
+)
+
+// Target is one backend under test with the means to look behind it.
+type Target struct {
+	Backend status.Backend
+	// NewCommit returns a commit hash, new to the backend, that it accepts statuses on.
+	NewCommit func(t *testing.T) string
+	// Count is how many statuses the backend holds for commit and context, history
+	// included: what tells a post from no post.
+	Count func(t *testing.T, commit, context string) int
+	// DescriptionLimit is the forge's documented limit in characters, 0 for none.
+	DescriptionLimit int
+	// Forge is the test server's store, nil for a backend with no forge (git notes):
+	// it adds the cases that need injected faults and a prepared history.
+	Forge *forge.Store
+	// ForgeState is the forge's name for a flotilla state, used to prepare history.
+	ForgeState func(status.State) string
+	// Cap is set when the forge itself refuses statuses beyond status.MaxPerContext
+	// per commit and context, as GitHub documents.
+	Cap bool
+}
+
+// fastBackoff keeps retries quick where the forge does not ask for a wait.
+var fastBackoff = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Steps: 5}
+
+func publisher(tg Target) *status.Publisher {
+	return status.NewPublisher(tg.Backend, status.PublisherOptions{Backoff: fastBackoff})
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Run runs the suite; newTarget is called once per case, so cases do not share commits.
+func Run(t *testing.T, newTarget func(t *testing.T) Target) {
+	t.Run("a commit without statuses reads as none", func(t *testing.T) {
+		tg := newTarget(t)
+		got, err := tg.Backend.Latest(ctxT(t), tg.NewCommit(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 0 {
+			t.Fatalf("Latest = %v, want none", got)
+		}
+	})
+
+	t.Run("the newest status of each context is read back", func(t *testing.T) {
+		tg := newTarget(t)
+		ctx, c, p := ctxT(t), tg.NewCommit(t), publisher(tg)
+		publish(t, p, c, status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting for the agent to register"})
+		publish(t, p, c, status.Status{Context: "flotilla/b", State: status.Failure, Description: "clusters/b/cluster.yaml:3: unknown preset"})
+		publish(t, p, c, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready · 8× H100 80GB on 1 node", TargetURL: "https://hub.example/clusters/a"})
+		got, err := tg.Backend.Latest(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]status.Status{
+			"flotilla/a": tg.Backend.Canonical(status.Status{Context: "flotilla/a", State: status.Success, Description: "ready · 8× H100 80GB on 1 node", TargetURL: "https://hub.example/clusters/a"}),
+			"flotilla/b": tg.Backend.Canonical(status.Status{Context: "flotilla/b", State: status.Failure, Description: "clusters/b/cluster.yaml:3: unknown preset"}),
+		}
+		if !equal(got, want) {
+			t.Fatalf("Latest =\n%v\nwant\n%v", got, want)
+		}
+	})
+
+	t.Run("every state is read back as the backend canonicalizes it", func(t *testing.T) {
+		tg := newTarget(t)
+		ctx, c, p := ctxT(t), tg.NewCommit(t), publisher(tg)
+		for _, s := range []status.State{status.Pending, status.Success, status.Failure, status.Error} {
+			st := status.Status{Context: "flotilla/" + string(s), State: s, Description: string(s)}
+			publish(t, p, c, st)
+		}
+		got, err := tg.Backend.Latest(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []status.State{status.Pending, status.Success, status.Failure, status.Error} {
+			want := tg.Backend.Canonical(status.Status{Context: "flotilla/" + string(s), State: s, Description: string(s)})
+			if got[want.Context] != want {
+				t.Errorf("%s read back as %+v, want %+v", s, got[want.Context], want)
+			}
+			if want.State != s && want.State != status.Failure {
+				t.Errorf("%s canonicalizes to %s: only error may fold, and only onto failure", s, want.State)
+			}
+		}
+	})
+
+	t.Run("an unchanged status is not posted again", func(t *testing.T) {
+		tg := newTarget(t)
+		c, p := tg.NewCommit(t), publisher(tg)
+		st := status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting for the agent to connect"}
+		for range 3 {
+			publish(t, p, c, st)
+		}
+		if n := tg.Count(t, c, st.Context); n != 1 {
+			t.Fatalf("the backend holds %d statuses after three identical publishes, want 1", n)
+		}
+		st.Description = "waiting for the agent to apply generation 2"
+		posted, err := p.Publish(ctxT(t), c, st)
+		if err != nil || !posted {
+			t.Fatalf("Publish of a changed description = %v, %v; want it posted", posted, err)
+		}
+		got, err := tg.Backend.Latest(ctxT(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[st.Context] != tg.Backend.Canonical(st) {
+			t.Fatalf("Latest = %+v after a changed description, want %+v", got[st.Context], st)
+		}
+	})
+
+	t.Run("a restarted hub does not post what the backend already holds", func(t *testing.T) {
+		tg := newTarget(t)
+		ctx, c := ctxT(t), tg.NewCommit(t)
+		long := strings.Repeat("the agent reported an error while applying the desired state; ", 8)
+		sts := []status.Status{
+			{Context: "flotilla/a", State: status.Success, Description: "ready · 64× H100 80GB on 8 nodes"},
+			{Context: "flotilla/b", State: status.Error, Description: long},
+		}
+		for _, st := range sts {
+			publish(t, publisher(tg), c, st)
+		}
+		restarted := publisher(tg)
+		for _, st := range sts {
+			posted, err := restarted.Publish(ctx, c, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if posted {
+				t.Errorf("%s was posted again after a restart", st.Context)
+			}
+			if n := tg.Count(t, c, st.Context); n != 1 {
+				t.Errorf("%s: the backend holds %d statuses, want 1", st.Context, n)
+			}
+		}
+	})
+
+	t.Run("a long description is cut at the forge's limit with an ellipsis", func(t *testing.T) {
+		tg := newTarget(t)
+		ctx, c := ctxT(t), tg.NewCommit(t)
+		desc := "refuse to adopt existing object not owned by this WorkerCluster: " + strings.Repeat("ClusterQueue/team-ä ", 20)
+		publish(t, publisher(tg), c, status.Status{Context: "flotilla/a", State: status.Failure, Description: desc})
+		got, err := tg.Backend.Latest(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := got["flotilla/a"].Description
+		if tg.DescriptionLimit == 0 {
+			if d != desc {
+				t.Fatalf("description = %q, want it whole: the backend has no limit", d)
+			}
+			return
+		}
+		if n := utf8.RuneCountInString(d); n != tg.DescriptionLimit || !strings.HasSuffix(d, status.Ellipsis) {
+			t.Fatalf("description of %d characters %q, want %d ending in %q", n, d, tg.DescriptionLimit, status.Ellipsis)
+		}
+		if !strings.HasPrefix(desc, strings.TrimSuffix(d, status.Ellipsis)) {
+			t.Fatalf("description %q is not a prefix of what was published", d)
+		}
+	})
+
+	t.Run("every context is read, however many pages it takes", func(t *testing.T) {
+		tg := newTarget(t)
+		ctx, c, p := ctxT(t), tg.NewCommit(t), publisher(tg)
+		const n = 110 // above every forge's largest page
+		for i := range n {
+			publish(t, p, c, status.Status{Context: fmt.Sprintf("flotilla/w%03d", i), State: status.Success, Description: "ready"})
+		}
+		got, err := tg.Backend.Latest(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != n {
+			t.Fatalf("Latest read %d contexts, want %d", len(got), n)
+		}
+	})
+
+	t.Run("concurrent publishes of one status post it once", func(t *testing.T) {
+		tg := newTarget(t)
+		ctx, c, p := ctxT(t), tg.NewCommit(t), publisher(tg)
+		st := status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting"}
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for range 8 {
+			wg.Go(func() {
+				if _, err := p.Publish(ctx, c, st); err != nil {
+					errs <- err
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		if n := tg.Count(t, c, st.Context); n != 1 {
+			t.Fatalf("the backend holds %d statuses, want 1", n)
+		}
+	})
+
+	probe := newTarget(t)
+	if probe.Forge == nil {
+		return
+	}
+	runForge(t, newTarget, probe.Cap)
+}
+
+func runForge(t *testing.T, newTarget func(t *testing.T) Target, capped bool) {
+	t.Run("the newest status of a long history is the one read", func(t *testing.T) {
+		tg := newTarget(t)
+		c := tg.NewCommit(t)
+		tg.Forge.Fill(c, "flotilla/a", tg.ForgeState(status.Pending), 250)
+		publish(t, publisher(tg), c, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"})
+		got, err := tg.Backend.Latest(ctxT(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got["flotilla/a"].State != status.Success {
+			t.Fatalf("Latest = %+v, want the success posted after 250 pending", got["flotilla/a"])
+		}
+	})
+
+	t.Run("server errors are retried", func(t *testing.T) {
+		tg := newTarget(t)
+		c := tg.NewCommit(t)
+		tg.Forge.FailNext(2, forge.Fault{Code: 502})
+		publish(t, publisher(tg), c, status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting"})
+		if n := tg.Count(t, c, "flotilla/a"); n != 1 {
+			t.Fatalf("the backend holds %d statuses, want 1", n)
+		}
+	})
+
+	t.Run("a rate limit is waited out as long as Retry-After says", func(t *testing.T) {
+		tg := newTarget(t)
+		c := tg.NewCommit(t)
+		tg.Forge.FailNext(1, forge.Fault{Code: 429, RetryAfter: time.Second})
+		publish(t, publisher(tg), c, status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting"})
+		reqs := tg.Forge.Requests()
+		for i, r := range reqs {
+			if r.Fault == 0 {
+				continue
+			}
+			if i+1 >= len(reqs) {
+				t.Fatal("no request after the rate-limited one")
+			}
+			if gap := reqs[i+1].Time.Sub(r.Time); gap < time.Second {
+				t.Fatalf("retried %s after a Retry-After of 1s", gap)
+			}
+		}
+		if n := tg.Count(t, c, "flotilla/a"); n != 1 {
+			t.Fatalf("the backend holds %d statuses, want 1", n)
+		}
+	})
+
+	if !capped {
+		// The forge keeps any number; the Publisher's own count is pinned by its unit tests.
+		return
+	}
+	t.Run("no status beyond the forge's cap per commit and context", func(t *testing.T) {
+		tg := newTarget(t)
+		ctx, c, p := ctxT(t), tg.NewCommit(t), publisher(tg)
+		tg.Forge.Fill(c, "flotilla/a", tg.ForgeState(status.Pending), status.MaxPerContext)
+		_, err := p.Publish(ctx, c, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"})
+		if !errors.Is(err, status.ErrCapReached) {
+			t.Fatalf("Publish at the cap = %v, want ErrCapReached", err)
+		}
+		before := len(tg.Forge.Requests())
+		_, err = p.Publish(ctx, c, status.Status{Context: "flotilla/a", State: status.Failure, Description: "again"})
+		if !errors.Is(err, status.ErrCapReached) {
+			t.Fatalf("second Publish at the cap = %v, want ErrCapReached", err)
+		}
+		if after := len(tg.Forge.Requests()); after != before {
+			t.Fatalf("the publisher asked the forge again (%d requests) after it reported the cap", after-before)
+		}
+		if n := tg.Count(t, c, "flotilla/a"); n != status.MaxPerContext {
+			t.Fatalf("the forge holds %d statuses, want %d", n, status.MaxPerContext)
+		}
+		publish(t, p, c, status.Status{Context: "flotilla/b", State: status.Success, Description: "ready"})
+	})
+}
+
+func publish(t *testing.T, p *status.Publisher, commit string, st status.Status) {
+	t.Helper()
+	if _, err := p.Publish(ctxT(t), commit, st); err != nil {
+		t.Fatalf("publishing %s: %v", st.Context, err)
+	}
+}
+
+func equal(a, b map[string]status.Status) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
