@@ -64,10 +64,14 @@ func knownHostsCallback(data []byte) (ssh.HostKeyCallback, error) {
 	return cb, nil
 }
 
-// RedactURL drops credentials written into a URL.
+// RedactURL drops credentials written into a URL. An SSH URL's user is a login name
+// ("git"), never a secret, and is kept.
 func RedactURL(s string) string {
 	u, err := url.Parse(s)
 	if err != nil || u.User == nil {
+		return s
+	}
+	if _, hasPassword := u.User.Password(); u.Scheme == "ssh" && !hasPassword {
 		return s
 	}
 	u.User = url.User("redacted")
@@ -78,8 +82,15 @@ func RedactURL(s string) string {
 // library put into it.
 func RedactError(err error, auth transport.AuthMethod) string {
 	msg := err.Error()
-	if errors.Is(err, transport.ErrAuthenticationRequired) || errors.Is(err, transport.ErrAuthorizationFailed) {
+	switch {
+	case errors.Is(err, transport.ErrAuthenticationRequired) || errors.Is(err, transport.ErrAuthorizationFailed):
 		msg = "authentication failed: the credentials were refused or are missing"
+	case strings.Contains(msg, "ssh: unable to authenticate"):
+		msg = "authentication failed: the server refused the SSH key"
+	case strings.Contains(msg, "knownhosts: key mismatch"):
+		msg = "the server's SSH host key differs from the one in known_hosts (knownhosts: key mismatch): refusing to connect"
+	case strings.Contains(msg, "knownhosts: key is unknown"):
+		msg = "the server's SSH host key is not in known_hosts (knownhosts: key is unknown): refusing to connect"
 	}
 	if b, ok := auth.(*http.BasicAuth); ok && b.Password != "" {
 		msg = strings.ReplaceAll(msg, b.Password, "[REDACTED]")

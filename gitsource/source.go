@@ -25,6 +25,9 @@ type Options struct {
 	Branch string
 	// Auth is nil for a repository that needs no credentials; see HTTPAuth and SSHAuth.
 	Auth transport.AuthMethod
+	// TrustedKeys, an armored OpenPGP keyring, turns on verification of the head: an
+	// unsigned head, or one signed by a key not in the ring, is refused by Update.
+	TrustedKeys string
 }
 
 // Source is one followed branch. Its methods are safe for concurrent use; fetches are
@@ -34,6 +37,10 @@ type Source struct {
 	mu     sync.Mutex
 	repo   *git.Repository
 	remote *git.Remote
+
+	// prMu guards prRepo, the deeper copy pull requests are read from.
+	prMu   sync.Mutex
+	prRepo *git.Repository
 }
 
 // Snapshot is the fleet repository at one commit.
@@ -42,6 +49,9 @@ type Snapshot struct {
 	tree   *object.Tree
 	// Parents of the commit, as the commit names them.
 	Parents []plumbing.Hash
+	// Signer is the identity of the trusted key that signed the commit, when the
+	// source verifies heads.
+	Signer string
 }
 
 // FS reads the snapshot's files, for fleet.Load.
@@ -54,6 +64,11 @@ func New(opts Options) (*Source, error) {
 	}
 	if opts.Branch == "" {
 		return nil, errors.New("gitsource: no branch")
+	}
+	if opts.TrustedKeys != "" {
+		if err := checkKeyRing(opts.TrustedKeys); err != nil {
+			return nil, err
+		}
 	}
 	repo, err := git.Init(memory.NewStorage(), nil)
 	if err != nil {
@@ -152,7 +167,8 @@ func (s *Source) snapshot(h plumbing.Hash) (*Snapshot, error) {
 }
 
 // Update fetches and compares the new head with last, the commit the caller reconciled
-// last (the zero hash at start): the changes say what to re-read.
+// last (the zero hash at start): the changes say what to re-read. With TrustedKeys set,
+// a new head that fails verification gives a *VerificationError and nothing to apply.
 func (s *Source) Update(ctx context.Context, last plumbing.Hash) (*Snapshot, Changes, error) {
 	snap, err := s.Fetch(ctx)
 	if err != nil {
@@ -160,6 +176,15 @@ func (s *Source) Update(ctx context.Context, last plumbing.Hash) (*Snapshot, Cha
 	}
 	if snap.Commit == last {
 		return snap, Changes{}, nil
+	}
+	if s.opts.TrustedKeys != "" {
+		c, err := s.repo.CommitObject(snap.Commit)
+		if err != nil {
+			return nil, Changes{}, fmt.Errorf("gitsource: commit %s: %w", snap.Commit, err)
+		}
+		if snap.Signer, err = verify(c, s.opts.TrustedKeys); err != nil {
+			return nil, Changes{}, err
+		}
 	}
 	if last.IsZero() {
 		return snap, Changes{All: true, Reason: "first read"}, nil

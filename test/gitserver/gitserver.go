@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -26,12 +27,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ProtonMail/go-crypto/openpgp"
+	"github.com/ProtonMail/go-crypto/openpgp/armor"
+	"github.com/fluxcd/gitkit"
 	"github.com/fluxcd/pkg/gittestserver"
 	git "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/config"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/object"
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
 )
 
 // opTimeout bounds each fetch and push, so that a wedged server fails the test instead of
@@ -52,6 +58,8 @@ type Server struct {
 	// remote is the URL the helper's own clones use: with credentials when the server
 	// requires them.
 	remote string
+	// hostKeyFile holds the SSH server's public host key, when it serves SSH.
+	hostKeyFile string
 }
 
 // Start starts a server on the loopback interface. It is stopped, and its repositories removed,
@@ -78,16 +86,73 @@ func StartWithAuth(t testing.TB, user, password string) *Server {
 	return &Server{git: g, remote: g.HTTPAddressWithCredentials()}
 }
 
+// authorizedKeys are the client keys any SSH server of this package accepts. gittestserver
+// takes its key check from a package-level function of its own, so the check cannot be
+// per server; a key is only ever authorized by the test that made it, so sharing the set
+// across the servers of one test binary admits nothing a test did not ask for.
+var authorizedKeys sync.Map // authorized_keys line → true
+
+func init() {
+	(&gittestserver.GitServer{}).PublicKeyLookupFunc(func(content string) (*gitkit.PublicKey, error) {
+		if _, ok := authorizedKeys.Load(content); ok {
+			return &gitkit.PublicKey{Id: "fleet-reader"}, nil
+		}
+		return nil, errors.New("unknown public key")
+	})
+}
+
+// StartSSH is StartWithAuth serving SSH as well: clients authenticate with the private
+// key of authorized (HTTP keeps requiring user and password). The server's host key is
+// in KnownHosts.
+func StartSSH(t testing.TB, user, password string, authorized ssh.PublicKey) *Server {
+	t.Helper()
+	keys := t.TempDir()
+	g := gittestserver.NewGitServer(t.TempDir()).Auth(user, password).KeyDir(keys)
+	if err := g.StartHTTP(); err != nil {
+		t.Fatalf("starting git server: %v", err)
+	}
+	t.Cleanup(g.StopHTTP)
+	line := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(authorized)))
+	authorizedKeys.Store(line, true)
+	t.Cleanup(func() { authorizedKeys.Delete(line) })
+	if err := g.ListenSSH(); err != nil {
+		t.Fatalf("starting git SSH server: %v", err)
+	}
+	go func() { _ = g.StartSSH() }()
+	t.Cleanup(func() { _ = g.StopSSH() })
+	return &Server{git: g, remote: g.HTTPAddressWithCredentials(), hostKeyFile: filepath.Join(keys, "gitkit.rsa.pub")}
+}
+
+// KnownHosts is a known_hosts file's contents naming the SSH server's host key; empty
+// for a server without SSH.
+func (s *Server) KnownHosts(t testing.TB) []byte {
+	t.Helper()
+	if s.hostKeyFile == "" {
+		return nil
+	}
+	pub, err := os.ReadFile(s.hostKeyFile)
+	if err != nil {
+		t.Fatalf("reading the SSH host key: %v", err)
+	}
+	u, err := url.Parse(s.git.SSHAddress())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Appendf(nil, "%s %s", knownhosts.Normalize(u.Host), pub)
+}
+
 // Repo is a repository on a Server. Its methods fail the test they were created with (through
 // t.Fatal, so call them from that test's goroutine); they may be called concurrently.
 type Repo struct {
-	t    testing.TB
-	url  string
-	repo *git.Repository // the working clone
-	wt   *git.Worktree
+	t      testing.TB
+	url    string
+	sshURL string
+	repo   *git.Repository // the working clone
+	wt     *git.Worktree
 
 	mu      sync.Mutex
 	commits int // made so far, which sets the next commit's time
+	signKey *openpgp.Entity
 }
 
 // NewRepo creates the bare repository name (e.g. "fleet" or "org/fleet") on the server, with a
@@ -127,6 +192,9 @@ func (s *Server) newRepo(t testing.TB, name, fromDir string) (*Repo, error) {
 		return nil, fmt.Errorf("opening working clone: %w", err)
 	}
 	r := &Repo{t: t, url: s.git.HTTPAddress() + "/" + name + ".git", repo: repo, wt: wt}
+	if a := s.git.SSHAddress(); a != "" {
+		r.sshURL = a + "/" + name + ".git"
+	}
 	if _, err := repo.CreateRemote(&config.RemoteConfig{Name: git.DefaultRemoteName, URLs: []string{s.remote + "/" + name + ".git"}}); err != nil {
 		return nil, fmt.Errorf("adding remote: %w", err)
 	}
@@ -159,6 +227,9 @@ func (s *Server) newRepo(t testing.TB, name, fromDir string) (*Repo, error) {
 
 // URL is the repository's HTTP clone URL. It needs no credentials.
 func (r *Repo) URL() string { return r.url }
+
+// SSHURL is the repository's SSH clone URL, on a server started with StartSSH.
+func (r *Repo) SSHURL() string { return r.sshURL }
 
 // Commit makes a commit on branch, which is created from main if the server does not have it, and
 // pushes it. Each entry of changes writes a file (a slash-separated path relative to the root,
@@ -293,6 +364,35 @@ func (r *Repo) SetRef(ref, branch string) string {
 	return sha
 }
 
+// SignWith makes r sign its later commits with key (nil: unsigned again).
+func (r *Repo) SignWith(key *openpgp.Entity) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.signKey = key
+}
+
+// NewSigningKey makes an OpenPGP key for signing commits, and returns it with its
+// armored public key, the keyring a verifier trusts.
+func NewSigningKey(t testing.TB, name string) (*openpgp.Entity, string) {
+	t.Helper()
+	e, err := openpgp.NewEntity(name, "", strings.ReplaceAll(strings.ToLower(name), " ", ".")+"@flotilla.invalid", nil)
+	if err != nil {
+		t.Fatalf("making a signing key: %v", err)
+	}
+	var buf strings.Builder
+	w, err := armor.Encode(&buf, openpgp.PublicKeyType, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Serialize(w); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return e, buf.String()
+}
+
 // Head returns the hash that branch points to on the server.
 func (r *Repo) Head(branch string) string {
 	r.t.Helper()
@@ -394,6 +494,7 @@ func (r *Repo) commit(msg string, parents ...plumbing.Hash) (plumbing.Hash, erro
 		Committer:         &sig,
 		Parents:           parents,
 		AllowEmptyCommits: true,
+		SignKey:           r.signKey,
 	})
 	if err != nil {
 		return plumbing.ZeroHash, fmt.Errorf("committing: %w", err)
