@@ -38,7 +38,7 @@ lint:
 
 bench:
 	@mkdir -p bin
-	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./reconciler/render/ ./secrets/ | tee bin/bench.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./reconciler/render/ ./secrets/ ./gitsource/ | tee bin/bench.txt
 	$(GO) run $(BENCHSTAT) bin/bench.txt
 
 testbin:

@@ -5,6 +5,9 @@
 package forge
 
 import (
+	"crypto/rand"
+	"encoding/hex"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,6 +49,7 @@ type Store struct {
 	faults   []Fault
 	requests []Request
 	clock    time.Time
+	known    map[string]bool // registered commits
 }
 
 // NewStore returns an empty store.
@@ -148,4 +152,38 @@ func (s *Store) Requests() []Request {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.requests)
+}
+
+// NewCommit registers a new commit, with a random hash, that statuses may be posted
+// on: forges look the commit up before storing a status.
+func (s *Store) NewCommit() string {
+	sha := RandomHex(20)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.known == nil {
+		s.known = map[string]bool{}
+	}
+	s.known[sha] = true
+	return sha
+}
+
+// Known reports whether NewCommit registered sha (full, lower-case hex).
+func (s *Store) Known(sha string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.known[strings.ToLower(sha)]
+}
+
+// Commits are the registered commits' hashes, in no order.
+func (s *Store) Commits() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Collect(maps.Keys(s.known))
+}
+
+// RandomHex is n random bytes in hex, for commit hashes and tokens.
+func RandomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }

@@ -17,8 +17,11 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"net/http/cgi"
+	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -60,6 +63,10 @@ type Server struct {
 	remote string
 	// hostKeyFile holds the SSH server's public host key, when it serves SSH.
 	hostKeyFile string
+
+	backendOnce sync.Once
+	backend     *httptest.Server
+	backendErr  error
 }
 
 // Start starts a server on the loopback interface. It is stopped, and its repositories removed,
@@ -141,6 +148,44 @@ func (s *Server) KnownHosts(t testing.TB) []byte {
 	return fmt.Appendf(nil, "%s %s", knownhosts.Normalize(u.Host), pub)
 }
 
+// Path is where the bare repository name (e.g. "fleet") of the server lives on disk, for a
+// test that builds a large repository with the git command line, much faster than through
+// a Repo.
+func (s *Server) Path(name string) string {
+	return filepath.Join(s.git.Root(), filepath.FromSlash(strings.TrimSuffix(name, ".git"))+".git")
+}
+
+// URL is the HTTP clone URL of the repository name, without credentials.
+func (s *Server) URL(name string) string {
+	return s.git.HTTPAddress() + "/" + strings.TrimSuffix(name, ".git") + ".git"
+}
+
+// BackendURL is the clone URL of the repository name served, read-only, by git's own
+// http-backend (the CGI program web servers run for git) instead of gittestserver:
+// the git command line stalls on gittestserver's handling of shallow fetches, so a
+// comparison of clients over the same server uses this one. The first call starts it.
+func (s *Server) BackendURL(t testing.TB, name string) string {
+	t.Helper()
+	s.backendOnce.Do(func() {
+		gitPath, err := exec.LookPath("git")
+		if err != nil {
+			s.backendErr = err
+			return
+		}
+		srv := httptest.NewServer(&cgi.Handler{
+			Path: gitPath,
+			Args: []string{"http-backend"},
+			Env:  []string{"GIT_PROJECT_ROOT=" + s.git.Root(), "GIT_HTTP_EXPORT_ALL=1"},
+		})
+		s.backend = srv
+		t.Cleanup(srv.Close)
+	})
+	if s.backendErr != nil {
+		t.Fatalf("starting git http-backend: %v", s.backendErr)
+	}
+	return s.backend.URL + "/" + strings.TrimSuffix(name, ".git") + ".git"
+}
+
 // Repo is a repository on a Server. Its methods fail the test they were created with (through
 // t.Fatal, so call them from that test's goroutine); they may be called concurrently.
 type Repo struct {
@@ -173,7 +218,7 @@ func (s *Server) newRepo(t testing.TB, name, fromDir string) (*Repo, error) {
 	if name == "" || !filepath.IsLocal(name) || strings.Contains(name, `\`) {
 		return nil, errors.New("name must be a relative slash-separated path")
 	}
-	bare := filepath.Join(s.git.Root(), filepath.FromSlash(name)+".git")
+	bare := s.Path(name)
 	if _, err := os.Stat(bare); err == nil {
 		return nil, errors.New("it already exists")
 	}

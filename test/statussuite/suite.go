@@ -168,7 +168,8 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 		}
 		d := got["flotilla/a"].Description
 		if tg.DescriptionLimit == 0 {
-			if d != desc {
+			// Whole, as the forge stores it (Gitea trims surrounding blanks).
+			if d != tg.Backend.Canonical(status.Status{Context: "flotilla/a", State: status.Failure, Description: desc}).Description {
 				t.Fatalf("description = %q, want it whole: the backend has no limit", d)
 			}
 			return
