@@ -77,6 +77,43 @@ type WorkerClusterSpec struct {
 	// +listMapKey=product
 	// +optional
 	ExpectedGPUs []ExpectedGPU `json:"expectedGPUs,omitempty"`
+
+	// EnrollmentTokenHash is the SHA-256 of the cluster's one-shot enrollment token, set
+	// by the hub from the decrypted enrollment file; the token itself is never stored.
+	// +kubebuilder:validation:Pattern=`^sha256:[0-9a-f]{64}$`
+	// +optional
+	EnrollmentTokenHash string `json:"enrollmentTokenHash,omitempty"`
+}
+
+// Enrollment records the redemption of an enrollment token and the agent credential
+// that replaced it.
+type Enrollment struct {
+	// TokenHash is the hash of the redeemed token: presenting it again is refused.
+	// +kubebuilder:validation:Pattern=`^sha256:[0-9a-f]{64}$`
+	TokenHash string `json:"tokenHash"`
+	// RedeemedAt is when the token was redeemed.
+	RedeemedAt metav1.Time `json:"redeemedAt"`
+	// CredentialFingerprint names the agent credential in force (a prefix of its hash).
+	// +optional
+	CredentialFingerprint string `json:"credentialFingerprint,omitempty"`
+	// CredentialIssuedAt is when that credential was issued.
+	// +optional
+	CredentialIssuedAt *metav1.Time `json:"credentialIssuedAt,omitempty"`
+}
+
+// AgentInfo is what the agent said of itself on its last connection.
+type AgentInfo struct {
+	// +optional
+	Version string `json:"version,omitempty"`
+	// +optional
+	KubernetesVersion string `json:"kubernetesVersion,omitempty"`
+}
+
+// GPUTotal counts one GPU product on the cluster's Ready, schedulable nodes.
+type GPUTotal struct {
+	Product string `json:"product"`
+	Count   int64  `json:"count"`
+	Nodes   int32  `json:"nodes"`
 }
 
 // WorkerClusterStatus is what the hub last learnt from the cluster's agent.
@@ -92,6 +129,29 @@ type WorkerClusterStatus struct {
 	// AppliedHash is the desired generation the agent last applied.
 	// +optional
 	AppliedHash string `json:"appliedHash,omitempty"`
+
+	// Enrollment is set once an agent redeemed the enrollment token.
+	// +optional
+	Enrollment *Enrollment `json:"enrollment,omitempty"`
+
+	// LastSeen is when the hub last heard from the agent, recorded coarsely (about once
+	// a minute while connected) so that heartbeats do not write to the API server.
+	// +optional
+	LastSeen *metav1.Time `json:"lastSeen,omitempty"`
+
+	// Agent is what the agent reported of itself.
+	// +optional
+	Agent *AgentInfo `json:"agent,omitempty"`
+
+	// GPUs are the GPU totals the agent last reported.
+	// +listType=map
+	// +listMapKey=product
+	// +optional
+	GPUs []GPUTotal `json:"gpus,omitempty"`
+
+	// UnavailableGPUNodes counts GPU nodes that are not Ready or are cordoned.
+	// +optional
+	UnavailableGPUNodes int32 `json:"unavailableGPUNodes,omitempty"`
 
 	// Conditions are Registered, Connected, WorkerConfigured and DispatchReady.
 	// +listType=map

@@ -1,0 +1,375 @@
+// Package agent is flotilla's agent in a worker cluster: it dials the hub, redeems its
+// enrollment token once for a credential it keeps in a Secret of its own namespace,
+// applies every desired state the hub sends, and reports what it applied and which GPUs
+// the cluster has. It listens on nothing but health and metrics: the tunnel is outbound,
+// so a worker behind NAT with only outbound HTTPS is enough.
+//
+// While the hub is away the worker keeps its last applied state; the agent redials
+// with jittered exponential backoff and, on reconnecting, receives the whole desired
+// state again.
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+)
+
+// CredentialKey is the key of the agent credential in its Secret.
+const CredentialKey = "credential"
+
+// FieldManager is the agent's field manager, for its own Secret as for what it applies.
+const FieldManager = "flotilla-agent"
+
+// Applier applies a desired state on the worker.
+type Applier interface {
+	Apply(ctx context.Context, state protocol.DesiredState) protocol.Applied
+}
+
+// InventorySource reads the worker's GPUs.
+type InventorySource interface {
+	Collect(ctx context.Context) (protocol.Inventory, error)
+}
+
+// Options configure an Agent.
+type Options struct {
+	// HubURL is the hub's base URL, wss://host[:port] (ws:// only for a loopback hub).
+	HubURL   string
+	Identity string
+	// EnrollmentToken is redeemed when no credential is stored yet (or the stored one
+	// was refused, after the fleet issued a new token).
+	EnrollmentToken protocol.Secret
+	// CredentialSecret is where the credential is kept, in the agent's namespace.
+	CredentialSecret types.NamespacedName
+	// Client reads and writes the worker cluster: the credential Secret here.
+	Client client.Client
+	// TLS is the client TLS configuration (CA bundle); nil uses the system roots.
+	TLS       *tls.Config
+	Liveness  protocol.Liveness
+	Applier   Applier
+	Inventory InventorySource
+	// InventoryEvery is how often the GPU inventory is sent. Default 1 minute.
+	InventoryEvery time.Duration
+	// Backoff between dials; defaults to 1s doubling to 5 minutes with jitter.
+	Backoff           wait.Backoff
+	AgentVersion      string
+	KubernetesVersion string
+	Log               *slog.Logger
+}
+
+// Agent is one agent. Run it once.
+type Agent struct {
+	opts Options
+
+	mu         sync.Mutex
+	credential protocol.Secret // also in the Secret; kept here should storing it fail
+	applied    string          // hash last applied
+
+	connected atomic.Bool
+	everUp    atomic.Bool
+}
+
+// New checks the options.
+func New(opts Options) (*Agent, error) {
+	switch {
+	case opts.HubURL == "" || opts.Identity == "":
+		return nil, errors.New("agent: the hub URL and the identity are required")
+	case opts.Client == nil || opts.Applier == nil:
+		return nil, errors.New("agent: a client and an applier are required")
+	case opts.CredentialSecret.Name == "" || opts.CredentialSecret.Namespace == "":
+		return nil, errors.New("agent: the credential Secret's namespace and name are required")
+	}
+	if opts.Liveness == (protocol.Liveness{}) {
+		opts.Liveness = protocol.DefaultLiveness
+	}
+	if opts.InventoryEvery <= 0 {
+		opts.InventoryEvery = time.Minute
+	}
+	if opts.Backoff.Steps == 0 {
+		opts.Backoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: 5 * time.Minute}
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Agent{opts: opts}, nil
+}
+
+// Connected reports whether the tunnel is up, for the readiness probe.
+func (a *Agent) Connected() bool { return a.connected.Load() }
+
+// EverConnected reports whether the agent was connected at least once.
+func (a *Agent) EverConnected() bool { return a.everUp.Load() }
+
+// errRefused is a dial the hub answered with 401.
+var errRefused = errors.New("the hub refused the agent's secret")
+
+// Run dials the hub and serves tunnels until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	b := a.opts.Backoff
+	for {
+		began := time.Now()
+		err := a.connectOnce(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Since(began) > a.opts.Backoff.Cap || time.Since(began) > 5*time.Minute {
+			b = a.opts.Backoff // a tunnel that lived long starts the backoff afresh
+		}
+		d := b.Step()
+		a.opts.Log.Info("tunnel down; redialling", "error", err, "in", d.Round(time.Millisecond))
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// connectOnce authenticates with the stored credential, falling back to the
+// enrollment token, and serves the tunnel until it ends.
+func (a *Agent) connectOnce(ctx context.Context) error {
+	cred, err := a.storedCredential(ctx)
+	if err != nil {
+		return err
+	}
+	var ws *websocket.Conn
+	if cred != "" {
+		ws, err = a.dial(ctx, protocol.AuthCredential, cred)
+		if errors.Is(err, errRefused) && a.opts.EnrollmentToken != "" {
+			a.opts.Log.Warn("the hub refused the stored credential; trying the enrollment token")
+			cred = ""
+		} else if err != nil {
+			return err
+		}
+	}
+	if cred == "" {
+		if a.opts.EnrollmentToken == "" {
+			return errors.New("no credential is stored and no enrollment token is configured")
+		}
+		if ws, err = a.dial(ctx, protocol.AuthEnrollment, a.opts.EnrollmentToken); err != nil {
+			return err
+		}
+	}
+	return a.serve(ctx, ws)
+}
+
+func (a *Agent) dial(ctx context.Context, kind string, secret protocol.Secret) (*websocket.Conn, error) {
+	d := websocket.Dialer{
+		TLSClientConfig:  a.opts.TLS,
+		HandshakeTimeout: 15 * time.Second,
+		ReadBufferSize:   1024,
+		WriteBufferSize:  1024,
+		Proxy:            http.ProxyFromEnvironment,
+	}
+	h := http.Header{}
+	h.Set("Authorization", "Bearer "+secret.Reveal())
+	h.Set(protocol.HeaderIdentity, a.opts.Identity)
+	h.Set(protocol.HeaderAuth, kind)
+	h.Set(protocol.HeaderProtocol, strconv.Itoa(protocol.ProtocolVersion))
+	ws, resp, err := d.DialContext(ctx, a.opts.HubURL+protocol.Path, h)
+	if err != nil {
+		if resp != nil {
+			defer resp.Body.Close()
+			if resp.StatusCode == http.StatusUnauthorized {
+				return nil, fmt.Errorf("%w (%s)", errRefused, kind)
+			}
+			return nil, fmt.Errorf("dialling the hub: HTTP %d", resp.StatusCode)
+		}
+		return nil, fmt.Errorf("dialling the hub: %w", err)
+	}
+	if kind == protocol.AuthEnrollment {
+		issued := protocol.Secret(resp.Header.Get(protocol.HeaderCredential))
+		if issued == "" {
+			_ = ws.Close()
+			return nil, errors.New("the hub admitted the enrollment but issued no credential")
+		}
+		a.setCredential(issued)
+		if err := a.storeCredential(ctx, issued); err != nil {
+			// Kept in memory for this process; storing is retried at every rotation
+			// and reconnect.
+			a.opts.Log.Error("storing the agent credential", "error", err)
+		}
+		a.opts.Log.Info("enrolled: the enrollment token is redeemed and the credential stored", "credential", fingerprint(issued))
+	}
+	return ws, nil
+}
+
+func (a *Agent) serve(ctx context.Context, ws *websocket.Conn) error {
+	ws.SetReadLimit(int64(protocol.MaxMessageSize) + 1024)
+	t, err := protocol.NewTunnel(ws, true, a.opts.Liveness)
+	if err != nil {
+		_ = ws.Close()
+		return err
+	}
+	defer t.Close()
+	stream, err := t.OpenStream()
+	if err != nil {
+		return fmt.Errorf("opening the control stream: %w", err)
+	}
+	conn := protocol.NewConn(stream)
+	a.mu.Lock()
+	applied := a.applied
+	a.mu.Unlock()
+	if err := conn.Send(protocol.TypeHello, &protocol.Hello{Identity: a.opts.Identity, AgentVersion: a.opts.AgentVersion, KubernetesVersion: a.opts.KubernetesVersion, AppliedHash: applied}); err != nil {
+		return err
+	}
+	a.connected.Store(true)
+	a.everUp.Store(true)
+	defer a.connected.Store(false)
+	a.opts.Log.Info("connected to the hub")
+
+	// Heartbeats and inventory run beside the receive loop; they stop with the tunnel.
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { <-sctx.Done(); _ = t.Close() }()
+	go a.periodic(sctx, conn)
+
+	for {
+		_, body, err := conn.Receive()
+		if err != nil {
+			if protocol.Recoverable(err) {
+				a.opts.Log.Warn("refused a message from the hub", "error", err)
+				_ = conn.Send(protocol.TypeError, protocol.RefusalFor(err))
+				continue
+			}
+			return fmt.Errorf("control stream: %w", err)
+		}
+		if err := a.handle(ctx, conn, body); err != nil {
+			return err
+		}
+	}
+}
+
+func (a *Agent) periodic(ctx context.Context, conn *protocol.Conn) {
+	hb := time.NewTicker(a.opts.Liveness.Interval)
+	inv := time.NewTicker(a.opts.InventoryEvery)
+	defer hb.Stop()
+	defer inv.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-hb.C:
+			_ = conn.Send(protocol.TypeHeartbeat, &protocol.Heartbeat{Time: now.UTC()})
+		case <-inv.C:
+			a.sendInventory(ctx, conn)
+		}
+	}
+}
+
+func (a *Agent) handle(ctx context.Context, conn *protocol.Conn, body any) error {
+	switch m := body.(type) {
+	case *protocol.DesiredState:
+		// The apply runs to its end even if the tunnel drops meanwhile: the hub sends the
+		// state again on reconnecting, and applying it again changes nothing.
+		res := a.opts.Applier.Apply(context.WithoutCancel(ctx), *m)
+		res.Generation, res.Hash = m.Generation, m.Hash
+		if res.Complete() {
+			a.mu.Lock()
+			a.applied = m.Hash
+			a.mu.Unlock()
+		}
+		a.opts.Log.Info("applied the desired state", "hash", m.Hash, "generation", m.Generation, "objects", len(res.Results), "complete", res.Complete())
+		if err := conn.Send(protocol.TypeApplied, &res); err != nil {
+			return err
+		}
+		a.sendInventory(ctx, conn)
+	case *protocol.RotateCredential:
+		if err := a.storeCredential(ctx, m.Credential); err != nil {
+			// Not confirmed: the hub keeps accepting the old credential.
+			a.opts.Log.Error("storing the rotated credential", "error", err)
+			return nil
+		}
+		a.setCredential(m.Credential)
+		return conn.Send(protocol.TypeCredentialStored, &protocol.CredentialStored{Fingerprint: fingerprint(m.Credential)})
+	case *protocol.Heartbeat:
+	case *protocol.Error:
+		a.opts.Log.Warn("the hub refused a message", "code", m.Code, "message", m.Message)
+	default:
+		return conn.Send(protocol.TypeError, &protocol.Error{Code: protocol.CodeUnknownType, Message: fmt.Sprintf("%T is not a message a hub sends", body)})
+	}
+	return nil
+}
+
+func (a *Agent) sendInventory(ctx context.Context, conn *protocol.Conn) {
+	if a.opts.Inventory == nil {
+		return
+	}
+	inv, err := a.opts.Inventory.Collect(ctx)
+	if err != nil {
+		a.opts.Log.Error("reading the GPU inventory", "error", err)
+		return
+	}
+	_ = conn.Send(protocol.TypeInventory, &inv)
+}
+
+// fingerprint is how the hub names a credential: the first 12 hex digits of its
+// SHA-256.
+func fingerprint(s protocol.Secret) string {
+	sum := sha256.Sum256([]byte(s.Reveal()))
+	return hex.EncodeToString(sum[:6])
+}
+
+func (a *Agent) setCredential(s protocol.Secret) {
+	a.mu.Lock()
+	a.credential = s
+	a.mu.Unlock()
+}
+
+// storedCredential is the credential in the Secret, or the one in memory when the
+// Secret could not be written.
+func (a *Agent) storedCredential(ctx context.Context) (protocol.Secret, error) {
+	var sec corev1.Secret
+	err := a.opts.Client.Get(ctx, a.opts.CredentialSecret, &sec)
+	a.mu.Lock()
+	mem := a.credential
+	a.mu.Unlock()
+	switch {
+	case apierrors.IsNotFound(err):
+		if mem != "" {
+			_ = a.storeCredential(ctx, mem)
+		}
+		return mem, nil
+	case err != nil:
+		if mem != "" {
+			return mem, nil
+		}
+		return "", fmt.Errorf("reading the credential Secret %s: %w", a.opts.CredentialSecret, err)
+	}
+	if stored := protocol.Secret(sec.Data[CredentialKey]); stored != "" {
+		return stored, nil
+	}
+	return mem, nil
+}
+
+func (a *Agent) storeCredential(ctx context.Context, s protocol.Secret) error {
+	sec := corev1ac.Secret(a.opts.CredentialSecret.Name, a.opts.CredentialSecret.Namespace).
+		WithLabels(map[string]string{"app.kubernetes.io/name": "flotilla-agent"}).
+		WithType(corev1.SecretTypeOpaque).
+		WithData(map[string][]byte{CredentialKey: []byte(s.Reveal())})
+	if err := a.opts.Client.Apply(ctx, sec, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+		return fmt.Errorf("writing the credential Secret %s: %w", a.opts.CredentialSecret, err)
+	}
+	return nil
+}

@@ -1,0 +1,347 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/secrets"
+)
+
+// Condition reasons the tunnel sets.
+const (
+	ReasonEnrolled        = "Enrolled"
+	ReasonTunnelUp        = "TunnelUp"
+	ReasonTunnelDown      = "TunnelDown"
+	ReasonApplied         = "Applied"
+	ReasonAdoptionRefused = "AdoptionRefused"
+	ReasonApplyFailed     = "ApplyFailed"
+	ReasonOutdated        = "OutdatedGeneration"
+)
+
+// session is one agent's live tunnel.
+type session struct {
+	srv      *Server
+	tunnel   *protocol.Tunnel
+	conn     *protocol.Conn
+	wc       *v1alpha1.WorkerCluster
+	identity string
+	log      *slog.Logger
+	replaced atomic.Bool
+
+	mu            sync.Mutex
+	lastSeenSaved time.Time
+	pending       secrets.Token // a rotated credential not yet confirmed
+	timers        []*time.Timer
+	closed        bool
+}
+
+func (s *session) run(ctx context.Context) {
+	defer s.tunnel.Close()
+	hctx, cancel := context.WithTimeout(ctx, s.srv.opts.HandshakeTimeout)
+	stream, err := s.tunnel.AcceptStreamWithContext(hctx)
+	cancel()
+	if err != nil {
+		s.log.Warn("the agent opened no control stream", "error", err)
+		return
+	}
+	s.conn = protocol.NewConn(stream)
+	_ = stream.SetReadDeadline(time.Now().Add(s.srv.opts.HandshakeTimeout))
+	_, body, err := s.conn.Receive()
+	hello, ok := body.(*protocol.Hello)
+	if err != nil || !ok {
+		s.log.Warn("the agent sent no hello", "error", err)
+		_ = s.conn.Send(protocol.TypeError, &protocol.Error{Code: protocol.CodeMalformed, Message: "the first message must be a hello"})
+		return
+	}
+	if hello.Identity != s.identity {
+		s.log.Warn("the agent's hello names another identity", "hello", hello.Identity)
+		_ = s.conn.Send(protocol.TypeError, &protocol.Error{Code: protocol.CodeMalformed, Message: "the hello names another identity than the upgrade request"})
+		return
+	}
+	_ = stream.SetReadDeadline(time.Time{})
+
+	s.srv.register(s)
+	s.log.Info("agent connected", "agentVersion", hello.AgentVersion, "kubernetesVersion", hello.KubernetesVersion, "appliedHash", hello.AppliedHash)
+	defer s.stop(ctx)
+	if err := s.connected(ctx, hello); err != nil {
+		s.log.Error("recording the connection", "error", err)
+	}
+	if err := s.sendDesired(ctx); err != nil {
+		s.log.Error("sending the desired state", "error", err)
+	}
+	s.every(s.srv.opts.ResyncEvery, func() {
+		if err := s.sendDesired(ctx); err != nil {
+			s.log.Error("resending the desired state", "error", err)
+		}
+	})
+	s.every(s.srv.opts.RotateEvery, func() {
+		if err := s.rotate(ctx); err != nil {
+			s.log.Error("rotating the agent credential", "error", err)
+		}
+	})
+
+	for {
+		_, body, err := s.conn.Receive()
+		if err != nil {
+			if protocol.Recoverable(err) {
+				s.log.Warn("refused a message from the agent", "error", err)
+				_ = s.conn.Send(protocol.TypeError, protocol.RefusalFor(err))
+				continue
+			}
+			if !errors.Is(err, io.EOF) && !s.replaced.Load() {
+				s.log.Info("tunnel closed", "error", err)
+			}
+			return
+		}
+		if err := s.handle(ctx, body); err != nil {
+			s.log.Error("handling a message from the agent", "error", err)
+		}
+	}
+}
+
+func (s *session) handle(ctx context.Context, body any) error {
+	switch m := body.(type) {
+	case *protocol.Applied:
+		return s.applied(ctx, m)
+	case *protocol.Inventory:
+		return s.inventory(ctx, m)
+	case *protocol.Heartbeat:
+		return s.seen(ctx)
+	case *protocol.CredentialStored:
+		return s.credentialStored(ctx, m)
+	case *protocol.Error:
+		s.log.Warn("the agent refused a message", "code", m.Code, "message", m.Message)
+		return nil
+	}
+	return s.conn.Send(protocol.TypeError, &protocol.Error{Code: protocol.CodeUnknownType, Message: fmt.Sprintf("%T is not a message an agent sends", body)})
+}
+
+// every runs f every d until the session stops; a timer, not a goroutine, so an idle
+// session costs no stack for it.
+func (s *session) every(d time.Duration, f func()) {
+	var t *time.Timer
+	t = time.AfterFunc(d, func() {
+		f()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !s.closed {
+			t.Reset(d)
+		}
+	})
+	s.mu.Lock()
+	s.timers = append(s.timers, t)
+	s.mu.Unlock()
+}
+
+func (s *session) stop(ctx context.Context) {
+	s.mu.Lock()
+	s.closed = true
+	for _, t := range s.timers {
+		t.Stop()
+	}
+	s.mu.Unlock()
+	if !s.srv.unregister(s) {
+		return // a newer connection of the identity owns the status now
+	}
+	s.log.Info("agent disconnected")
+	now := metav1.NewTime(s.srv.opts.Now())
+	err := s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) {
+		wc.Status.LastSeen = &now
+		setCondition(wc, v1alpha1.ConditionConnected, metav1.ConditionFalse, ReasonTunnelDown,
+			fmt.Sprintf("the agent disconnected at %s; the worker keeps its last applied state", now.UTC().Format(time.RFC3339)))
+	})
+	if err != nil {
+		s.log.Error("recording the disconnection", "error", err)
+	}
+}
+
+// sendDesired sends the whole desired state, as the WorkerCluster is now.
+func (s *session) sendDesired(ctx context.Context) error {
+	var wc v1alpha1.WorkerCluster
+	if err := s.srv.opts.Client.Get(ctx, client.ObjectKeyFromObject(s.wc), &wc); err != nil {
+		return err
+	}
+	ds, err := s.srv.opts.Desired.Desired(ctx, &wc)
+	if err != nil {
+		return fmt.Errorf("desired state of WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
+	}
+	if ds == nil {
+		return nil // nothing to send yet
+	}
+	if err := s.conn.Send(protocol.TypeDesired, ds); err != nil {
+		return err
+	}
+	if wc.Status.DesiredHash == ds.Hash {
+		return nil
+	}
+	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) { wc.Status.DesiredHash = ds.Hash })
+}
+
+func (s *session) connected(ctx context.Context, hello *protocol.Hello) error {
+	now := metav1.NewTime(s.srv.opts.Now())
+	s.mu.Lock()
+	s.lastSeenSaved = now.Time
+	s.mu.Unlock()
+	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) {
+		wc.Status.LastSeen = &now
+		wc.Status.Agent = &v1alpha1.AgentInfo{Version: hello.AgentVersion, KubernetesVersion: hello.KubernetesVersion}
+		if e := wc.Status.Enrollment; e != nil {
+			setCondition(wc, v1alpha1.ConditionRegistered, metav1.ConditionTrue, ReasonEnrolled,
+				fmt.Sprintf("enrolled at %s", e.RedeemedAt.UTC().Format(time.RFC3339)))
+		}
+		setCondition(wc, v1alpha1.ConditionConnected, metav1.ConditionTrue, ReasonTunnelUp,
+			fmt.Sprintf("connected at %s, agent %s on Kubernetes %s", now.UTC().Format(time.RFC3339), hello.AgentVersion, hello.KubernetesVersion))
+	})
+}
+
+// seen records status.lastSeen, at most once per LastSeenEvery.
+func (s *session) seen(ctx context.Context) error {
+	now := s.srv.opts.Now()
+	s.mu.Lock()
+	due := now.Sub(s.lastSeenSaved) >= s.srv.opts.LastSeenEvery
+	if due {
+		s.lastSeenSaved = now
+	}
+	s.mu.Unlock()
+	if !due {
+		return nil
+	}
+	t := metav1.NewTime(now)
+	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) { wc.Status.LastSeen = &t })
+}
+
+func (s *session) applied(ctx context.Context, a *protocol.Applied) error {
+	s.log.Info("the agent applied a desired state", "hash", a.Hash, "generation", a.Generation, "complete", a.Complete())
+	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) {
+		status, reason, msg := appliedCondition(wc, a)
+		if a.Complete() {
+			wc.Status.AppliedHash = a.Hash
+		}
+		setCondition(wc, v1alpha1.ConditionWorkerConfigured, status, reason, msg)
+	})
+}
+
+// appliedCondition says what an applied report means for WorkerConfigured: True only
+// for the current desired state applied whole.
+func appliedCondition(wc *v1alpha1.WorkerCluster, a *protocol.Applied) (metav1.ConditionStatus, string, string) {
+	if a.Error != "" {
+		return metav1.ConditionFalse, ReasonApplyFailed, "the agent could not apply the desired state: " + a.Error
+	}
+	for _, r := range a.Results {
+		if r.Action == protocol.ActionRefused {
+			return metav1.ConditionFalse, ReasonAdoptionRefused, r.Message
+		}
+	}
+	for _, r := range a.Results {
+		if r.Action == protocol.ActionFailed {
+			return metav1.ConditionFalse, ReasonApplyFailed, fmt.Sprintf("%s %s: %s", r.Kind, objectName(r), r.Message)
+		}
+	}
+	if wc.Status.DesiredHash != "" && a.Hash != wc.Status.DesiredHash {
+		return metav1.ConditionFalse, ReasonOutdated, fmt.Sprintf("the agent applied %s; the desired state is %s", a.Hash, wc.Status.DesiredHash)
+	}
+	return metav1.ConditionTrue, ReasonApplied, fmt.Sprintf("applied %d objects at %s", len(a.Results), a.Hash)
+}
+
+func objectName(r protocol.ObjectResult) string {
+	if r.Namespace != "" {
+		return r.Namespace + "/" + r.Name
+	}
+	return r.Name
+}
+
+func (s *session) inventory(ctx context.Context, inv *protocol.Inventory) error {
+	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) {
+		wc.Status.GPUs = nil
+		for _, t := range inv.Totals {
+			wc.Status.GPUs = append(wc.Status.GPUs, v1alpha1.GPUTotal{Product: t.Product, Count: t.GPUs, Nodes: int32(t.Nodes)})
+		}
+		wc.Status.UnavailableGPUNodes = int32(inv.UnavailableNodes)
+	})
+}
+
+// rotate issues a new credential. The old one stays valid until the agent confirms it
+// stored the new one, so a rotation cut short by a disconnect never locks it out.
+func (s *session) rotate(ctx context.Context) error {
+	cred, err := secrets.NewToken()
+	if err != nil {
+		return err
+	}
+	current, err := s.currentCredential(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.srv.writeCredential(ctx, s.wc, current, cred.Hash()); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.pending = cred
+	s.mu.Unlock()
+	s.log.Info("rotating the agent credential", "credential", cred.Hash().Fingerprint())
+	return s.conn.Send(protocol.TypeRotateCredential, &protocol.RotateCredential{Credential: protocol.Secret(cred.Reveal())})
+}
+
+func (s *session) currentCredential(ctx context.Context) (secrets.Hash, error) {
+	sec := new(corev1.Secret)
+	if err := s.srv.opts.Client.Get(ctx, client.ObjectKey{Namespace: s.wc.Namespace, Name: CredentialSecretName(s.wc.Name)}, sec); err != nil {
+		return secrets.Hash{}, fmt.Errorf("reading the credential of WorkerCluster %s/%s: %w", s.wc.Namespace, s.wc.Name, err)
+	}
+	return secrets.ParseHash(string(sec.Data[credentialHashKey]))
+}
+
+func (s *session) credentialStored(ctx context.Context, m *protocol.CredentialStored) error {
+	s.mu.Lock()
+	pending := s.pending
+	s.mu.Unlock()
+	if pending.IsZero() || pending.Hash().Fingerprint() != m.Fingerprint {
+		return fmt.Errorf("the agent confirmed credential %q, which is not the one sent", m.Fingerprint)
+	}
+	if err := s.srv.writeCredential(ctx, s.wc, pending.Hash(), secrets.Hash{}); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.pending = secrets.Token{}
+	s.mu.Unlock()
+	now := metav1.NewTime(s.srv.opts.Now())
+	s.log.Info("agent credential rotated", "credential", m.Fingerprint)
+	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) {
+		if wc.Status.Enrollment != nil {
+			wc.Status.Enrollment.CredentialFingerprint = m.Fingerprint
+			wc.Status.Enrollment.CredentialIssuedAt = &now
+		}
+	})
+}
+
+// patchStatus changes the WorkerCluster's status from its current state, retrying on
+// conflicts with other writers (the hub's reconciler writes conditions too).
+func (s *session) patchStatus(ctx context.Context, mutate func(*v1alpha1.WorkerCluster)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var wc v1alpha1.WorkerCluster
+		if err := s.srv.opts.Client.Get(ctx, client.ObjectKeyFromObject(s.wc), &wc); err != nil {
+			return err
+		}
+		patch := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		mutate(&wc)
+		return s.srv.opts.Client.Status().Patch(ctx, &wc, patch)
+	})
+}
+
+func setCondition(wc *v1alpha1.WorkerCluster, typ string, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&wc.Status.Conditions, metav1.Condition{
+		Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: wc.Generation,
+	})
+}
