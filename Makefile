@@ -31,14 +31,17 @@ test: testbin
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZ_TIME) ./reconciler/fleet/
 	$(GO) test -run '^$$' -fuzz '^FuzzTokenHash$$' -fuzztime $(FUZZ_TIME) ./secrets/
+	$(GO) test -run '^$$' -fuzz '^FuzzReceive$$' -fuzztime $(FUZZ_TIME) ./agent/protocol/
 
 lint:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
-bench:
+bench: testbin
 	@mkdir -p bin
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./reconciler/render/ ./secrets/ ./gitsource/ | tee bin/bench.txt
+	# Thousands of agents on one hub: one run, it sets up a fleet's worth of WorkerClusters.
+	$(TESTBIN_ENV) $(GO) test -run '^$$' -bench . -benchtime 3x ./test/e2e/ | tee -a bin/bench.txt
 	$(GO) run $(BENCHSTAT) bin/bench.txt
 
 testbin:

@@ -206,7 +206,7 @@ type Error struct {
 
 // Error codes.
 const (
-	CodeUnknownType       = "UnknownType"
+	CodeUnknownType        = "UnknownType"
 	CodeUnsupportedVersion = "UnsupportedVersion"
-	CodeMalformed         = "Malformed"
+	CodeMalformed          = "Malformed"
 )

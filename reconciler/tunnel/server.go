@@ -160,7 +160,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sess := &session{srv: s, tunnel: t, wc: adm.wc, identity: adm.wc.Labels[v1alpha1.WorkerClusterLabel], log: log.With("workerCluster", adm.wc.Namespace+"/"+adm.wc.Name)}
-	sess.run(context.WithoutCancel(r.Context()))
+	// The session outlives this handler: returning lets net/http drop the request and
+	// its connection buffers, which an idle tunnel would otherwise keep for its life.
+	go sess.run(context.WithoutCancel(r.Context()))
 }
 
 func loopback(remote string) bool {

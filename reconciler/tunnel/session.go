@@ -45,6 +45,7 @@ type session struct {
 	mu            sync.Mutex
 	lastSeenSaved time.Time
 	pending       secrets.Token // a rotated credential not yet confirmed
+	sent          string        // hash of the desired state sent last
 	timers        []*time.Timer
 	closed        bool
 }
@@ -169,26 +170,20 @@ func (s *session) stop(ctx context.Context) {
 	}
 }
 
-// sendDesired sends the whole desired state, as the WorkerCluster is now.
+// sendDesired sends the whole desired state. It writes nothing to the hub cluster: the
+// hash sent is recorded with the agent's report of applying it.
 func (s *session) sendDesired(ctx context.Context) error {
-	var wc v1alpha1.WorkerCluster
-	if err := s.srv.opts.Client.Get(ctx, client.ObjectKeyFromObject(s.wc), &wc); err != nil {
-		return err
-	}
-	ds, err := s.srv.opts.Desired.Desired(ctx, &wc)
+	ds, err := s.srv.opts.Desired.Desired(ctx, s.wc)
 	if err != nil {
-		return fmt.Errorf("desired state of WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
+		return fmt.Errorf("desired state of WorkerCluster %s/%s: %w", s.wc.Namespace, s.wc.Name, err)
 	}
 	if ds == nil {
 		return nil // nothing to send yet
 	}
-	if err := s.conn.Send(protocol.TypeDesired, ds); err != nil {
-		return err
-	}
-	if wc.Status.DesiredHash == ds.Hash {
-		return nil
-	}
-	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) { wc.Status.DesiredHash = ds.Hash })
+	s.mu.Lock()
+	s.sent = ds.Hash
+	s.mu.Unlock()
+	return s.conn.Send(protocol.TypeDesired, ds)
 }
 
 func (s *session) connected(ctx context.Context, hello *protocol.Hello) error {
@@ -225,9 +220,15 @@ func (s *session) seen(ctx context.Context) error {
 }
 
 func (s *session) applied(ctx context.Context, a *protocol.Applied) error {
+	s.mu.Lock()
+	sent := s.sent
+	s.mu.Unlock()
 	s.log.Info("the agent applied a desired state", "hash", a.Hash, "generation", a.Generation, "complete", a.Complete())
 	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) {
-		status, reason, msg := appliedCondition(wc, a)
+		if sent != "" {
+			wc.Status.DesiredHash = sent
+		}
+		status, reason, msg := appliedCondition(wc.Status.DesiredHash, a)
 		if a.Complete() {
 			wc.Status.AppliedHash = a.Hash
 		}
@@ -237,7 +238,7 @@ func (s *session) applied(ctx context.Context, a *protocol.Applied) error {
 
 // appliedCondition says what an applied report means for WorkerConfigured: True only
 // for the current desired state applied whole.
-func appliedCondition(wc *v1alpha1.WorkerCluster, a *protocol.Applied) (metav1.ConditionStatus, string, string) {
+func appliedCondition(desired string, a *protocol.Applied) (metav1.ConditionStatus, string, string) {
 	if a.Error != "" {
 		return metav1.ConditionFalse, ReasonApplyFailed, "the agent could not apply the desired state: " + a.Error
 	}
@@ -251,8 +252,8 @@ func appliedCondition(wc *v1alpha1.WorkerCluster, a *protocol.Applied) (metav1.C
 			return metav1.ConditionFalse, ReasonApplyFailed, fmt.Sprintf("%s %s: %s", r.Kind, objectName(r), r.Message)
 		}
 	}
-	if wc.Status.DesiredHash != "" && a.Hash != wc.Status.DesiredHash {
-		return metav1.ConditionFalse, ReasonOutdated, fmt.Sprintf("the agent applied %s; the desired state is %s", a.Hash, wc.Status.DesiredHash)
+	if desired != "" && a.Hash != desired {
+		return metav1.ConditionFalse, ReasonOutdated, fmt.Sprintf("the agent applied %s; the desired state is %s", a.Hash, desired)
 	}
 	return metav1.ConditionTrue, ReasonApplied, fmt.Sprintf("applied %d objects at %s", len(a.Results), a.Hash)
 }

@@ -1,0 +1,275 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+
+	"github.com/fluxcd/pkg/ssa"
+	"github.com/fluxcd/pkg/ssa/utils"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+)
+
+// DefaultFieldManager is the field manager of the agent's server-side applies.
+const DefaultFieldManager = "flotilla-agent"
+
+// RefusePrefix starts the message of every object the agent refuses to adopt.
+const RefusePrefix = "refuse to adopt existing object not owned by this WorkerCluster"
+
+// Options configure an Applier.
+type Options struct {
+	// Client talks to the worker's API server. Its RESTMapper tells which kinds the API
+	// server serves, so that a kind without its CRD is skipped when pruning.
+	Client client.Client
+	// Identity is the worker's identity: the value of flotilla.dev/worker-cluster on
+	// everything it owns.
+	Identity string
+	// FieldManager names the agent in managedFields; empty means DefaultFieldManager.
+	FieldManager string
+	// Log receives one line per object that applying changed, refused or failed; nil
+	// discards them.
+	Log *slog.Logger
+}
+
+// Applier applies desired states to one worker cluster. It is safe for concurrent use;
+// applies are serialized, since each prunes what the other does not name.
+type Applier struct {
+	client   client.Client
+	manager  *ssa.ResourceManager
+	identity string
+	log      *slog.Logger
+
+	mu sync.Mutex
+}
+
+// New returns an Applier for the worker cluster of opts.Identity.
+func New(opts Options) (*Applier, error) {
+	if opts.Client == nil {
+		return nil, errors.New("apply: a client is required")
+	}
+	if opts.Client.RESTMapper() == nil {
+		return nil, errors.New("apply: the client has no RESTMapper")
+	}
+	if opts.Identity == "" {
+		return nil, errors.New("apply: an identity is required")
+	}
+	if errs := validation.IsValidLabelValue(opts.Identity); len(errs) > 0 {
+		return nil, fmt.Errorf("apply: identity %q is not a label value: %s", opts.Identity, strings.Join(errs, "; "))
+	}
+	if opts.FieldManager == "" {
+		opts.FieldManager = DefaultFieldManager
+	}
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	// No poller: the agent reports what it applied and never waits for readiness, so
+	// the manager's wait functions are never called.
+	manager := ssa.NewResourceManager(opts.Client, nil, ssa.Owner{Field: opts.FieldManager, Group: "flotilla.dev"})
+	return &Applier{
+		client:   opts.Client,
+		manager:  manager,
+		identity: opts.Identity,
+		log:      log.With("identity", opts.Identity),
+	}, nil
+}
+
+// objectKey names an object regardless of its API version.
+type objectKey struct {
+	gk              schema.GroupKind
+	namespace, name string
+}
+
+func keyOf(gvk schema.GroupVersionKind, namespace, name string) objectKey {
+	return objectKey{gk: gvk.GroupKind(), namespace: namespace, name: name}
+}
+
+// Apply brings the worker to state: it applies every object and prunes what this
+// identity owns and state no longer names, or, for a decommission, prunes everything
+// this identity owns. Each object's outcome is in the result; a failed object does not
+// stop the others. Applied.Error is set when the state was not applied as a whole: ctx
+// ended, pruning was skipped, or a kind could not be listed for pruning.
+func (a *Applier) Apply(ctx context.Context, state protocol.DesiredState) protocol.Applied {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+
+	out := protocol.Applied{Generation: state.Generation, Hash: state.Hash, Results: []protocol.ObjectResult{}}
+	log := a.log.With("generation", state.Generation, "hash", state.Hash)
+	report := func(r protocol.ObjectResult) {
+		out.Results = append(out.Results, r)
+		level := slog.LevelInfo
+		switch r.Action {
+		case protocol.ActionUnchanged, protocol.ActionSkipped:
+			level = slog.LevelDebug
+		case protocol.ActionRefused, protocol.ActionFailed:
+			level = slog.LevelWarn
+		}
+		log.Log(ctx, level, "object "+string(r.Action), "apiVersion", r.APIVersion, "kind", r.Kind,
+			"namespace", r.Namespace, "name", r.Name, "uid", r.UID, "message", r.Message)
+	}
+	var errs []error
+
+	var desired []*unstructured.Unstructured
+	keep := map[objectKey]bool{}
+	undecodable := 0
+	if state.Decommission {
+		if len(state.Objects) > 0 {
+			log.Info("decommission: ignoring the objects of the desired state", "objects", len(state.Objects))
+		}
+	} else {
+		for i, raw := range state.Objects {
+			u, res, ok := a.decode(i, raw)
+			if u == nil {
+				undecodable++
+			} else {
+				keep[keyOf(u.GroupVersionKind(), u.GetNamespace(), u.GetName())] = true
+			}
+			if !ok {
+				report(res)
+				continue
+			}
+			desired = append(desired, u)
+		}
+	}
+
+	sortForApply(desired)
+	for _, u := range desired {
+		if err := ctx.Err(); err != nil {
+			out.Error = fmt.Sprintf("applying stopped before %s: %v", utils.FmtUnstructured(u), err)
+			return out
+		}
+		report(a.applyOne(ctx, u))
+	}
+
+	if undecodable > 0 {
+		errs = append(errs, fmt.Errorf("pruning skipped: %d objects of the desired state could not be decoded, so what they name is unknown", undecodable))
+	} else {
+		kinds := pruneKinds(desired)
+		if err := a.prune(ctx, kinds, keep, report); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		out.Error = err.Error()
+	}
+	log.Info("applied desired state", "objects", len(desired), "results", len(out.Results), "complete", out.Complete())
+	return out
+}
+
+// decode turns the i-th object of the desired state into an unstructured object, and
+// checks that it is labeled for this identity. u is nil when the object cannot even be
+// named; ok is false when it must not be applied, and res then says why.
+func (a *Applier) decode(i int, raw []byte) (u *unstructured.Unstructured, res protocol.ObjectResult, ok bool) {
+	u = &unstructured.Unstructured{}
+	if err := u.UnmarshalJSON(raw); err != nil {
+		return nil, protocol.ObjectResult{
+			Action:  protocol.ActionFailed,
+			Message: fmt.Sprintf("object %d of the desired state cannot be decoded: %v", i, err),
+		}, false
+	}
+	res = resultOf(u)
+	if u.GetName() == "" {
+		res.Action = protocol.ActionFailed
+		res.Message = fmt.Sprintf("object %d of the desired state (%s) has no metadata.name", i, u.GetKind())
+		return nil, res, false
+	}
+	labels := u.GetLabels()
+	if labels[v1alpha1.ManagedByLabel] != v1alpha1.ManagedByValue || labels[v1alpha1.WorkerClusterLabel] != a.identity {
+		res.Action = protocol.ActionFailed
+		res.Message = fmt.Sprintf("%s is not labeled %s=%s and %s=%s (it has %q and %q): the hub must only send objects of this WorkerCluster; not applied",
+			utils.FmtUnstructured(u), v1alpha1.ManagedByLabel, v1alpha1.ManagedByValue, v1alpha1.WorkerClusterLabel, a.identity,
+			labels[v1alpha1.ManagedByLabel], labels[v1alpha1.WorkerClusterLabel])
+		return u, res, false
+	}
+	return u, res, true
+}
+
+// applyOne applies one desired object, unless the live object is not this identity's or
+// is create-only.
+func (a *Applier) applyOne(ctx context.Context, u *unstructured.Unstructured) protocol.ObjectResult {
+	res := resultOf(u)
+	fail := func(err error) protocol.ObjectResult {
+		res.Action = protocol.ActionFailed
+		res.Message = err.Error()
+		return res
+	}
+
+	live := &unstructured.Unstructured{}
+	live.SetGroupVersionKind(u.GroupVersionKind())
+	err := a.client.Get(ctx, client.ObjectKeyFromObject(u), live)
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return fail(fmt.Errorf("%s: reading the live object: %w", utils.FmtUnstructured(u), err))
+	default:
+		res.UID = string(live.GetUID())
+		owner, labeled := live.GetLabels()[v1alpha1.WorkerClusterLabel]
+		if u.GetAnnotations()[v1alpha1.ApplyAnnotation] == v1alpha1.ApplyIfNotPresent {
+			res.Action = protocol.ActionSkipped
+			res.Message = fmt.Sprintf("exists; created only when missing (%s: %s)", v1alpha1.ApplyAnnotation, v1alpha1.ApplyIfNotPresent)
+			if owner != a.identity {
+				res.Message += "; not created by this WorkerCluster"
+			}
+			return res
+		}
+		if owner != a.identity {
+			res.Action = protocol.ActionRefused
+			res.Message = refusal(live, a.identity, owner, labeled)
+			return res
+		}
+	}
+
+	entry, err := a.manager.Apply(ctx, u, ssa.ApplyOptions{})
+	if err != nil {
+		return fail(err)
+	}
+	switch entry.Action {
+	case ssa.CreatedAction:
+		res.Action = protocol.ActionCreated
+	case ssa.ConfiguredAction:
+		res.Action = protocol.ActionConfigured
+	case ssa.UnchangedAction:
+		res.Action = protocol.ActionUnchanged
+	case ssa.SkippedAction:
+		res.Action = protocol.ActionSkipped
+	default:
+		return fail(fmt.Errorf("%s: applying ended as %q", utils.FmtUnstructured(u), entry.Action))
+	}
+	if res.UID == "" {
+		// Created just now: read back the UID, which the apply response is not handed
+		// out of ssa with. Not having it is no failure of the apply.
+		if err := a.client.Get(ctx, client.ObjectKeyFromObject(u), live); err == nil {
+			res.UID = string(live.GetUID())
+		}
+	}
+	return res
+}
+
+// refusal says why live is not adopted and how an operator hands it over.
+func refusal(live *unstructured.Unstructured, identity, owner string, labeled bool) string {
+	whose := fmt.Sprintf("it has no %s label", v1alpha1.WorkerClusterLabel)
+	if labeled {
+		whose = fmt.Sprintf("it belongs to WorkerCluster %q", owner)
+	}
+	return fmt.Sprintf("%s: %s (uid %s): %s; label it %s=%s to hand it over",
+		RefusePrefix, utils.FmtUnstructured(live), live.GetUID(), whose, v1alpha1.WorkerClusterLabel, identity)
+}
+
+func resultOf(u *unstructured.Unstructured) protocol.ObjectResult {
+	return protocol.ObjectResult{
+		APIVersion: u.GetAPIVersion(),
+		Kind:       u.GetKind(),
+		Namespace:  u.GetNamespace(),
+		Name:       u.GetName(),
+	}
+}

@@ -1,0 +1,158 @@
+package protocol_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+)
+
+func frame(data []byte) []byte {
+	out := make([]byte, 4+len(data))
+	binary.BigEndian.PutUint32(out, uint32(len(data)))
+	copy(out[4:], data)
+	return out
+}
+
+func TestMessagesRoundTrip(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	send, recv := protocol.NewConn(a), protocol.NewConn(b)
+	msgs := []struct {
+		typ  string
+		body any
+	}{
+		{protocol.TypeHello, &protocol.Hello{Identity: "7-example-gpu-a", AgentVersion: "v0.1.0", KubernetesVersion: "v1.37.2", AppliedHash: "sha256:ab"}},
+		{protocol.TypeDesired, &protocol.DesiredState{Generation: 3, Hash: "sha256:cd", Objects: []json.RawMessage{json.RawMessage(`{"kind":"ClusterQueue"}`)}}},
+		{protocol.TypeApplied, &protocol.Applied{Generation: 3, Hash: "sha256:cd", Results: []protocol.ObjectResult{{Kind: "ClusterQueue", Name: "cq", Action: protocol.ActionRefused, Message: "refuse to adopt"}}}},
+		{protocol.TypeInventory, &protocol.Inventory{Totals: []protocol.ProductTotal{{Product: "NVIDIA-H100-80GB-HBM3", GPUs: 64, Nodes: 8}}}},
+		{protocol.TypeRotateCredential, &protocol.RotateCredential{Credential: "flt1_secret"}},
+		{protocol.TypeError, &protocol.Error{Code: protocol.CodeUnknownType, Message: "x"}},
+	}
+	go func() {
+		for _, m := range msgs {
+			if err := send.Send(m.typ, m.body); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for _, m := range msgs {
+		env, body, err := recv.Receive()
+		if err != nil {
+			t.Fatalf("%s: %v", m.typ, err)
+		}
+		if env.Type != m.typ || env.Version != protocol.ProtocolVersion {
+			t.Fatalf("envelope %+v, want %s v%d", env, m.typ, protocol.ProtocolVersion)
+		}
+		if got, want := fmt.Sprintf("%#v", body), fmt.Sprintf("%#v", m.body); got != want {
+			t.Fatalf("%s read back as %s, want %s", m.typ, got, want)
+		}
+	}
+}
+
+func TestReceiveRefusesWithoutLosingTheStream(t *testing.T) {
+	hello, _ := json.Marshal(protocol.Envelope{Version: 1, Type: protocol.TypeHeartbeat, Body: json.RawMessage(`{}`)})
+	tests := []struct {
+		name        string
+		data        []byte
+		recoverable bool
+		want        error
+		code        string
+	}{
+		{"an unknown type", []byte(`{"v":1,"type":"teleport","body":{}}`), true, protocol.ErrUnknownType, protocol.CodeUnknownType},
+		{"a newer version", []byte(`{"v":2,"type":"hello","body":{}}`), true, protocol.ErrNewerVersion, protocol.CodeUnsupportedVersion},
+		{"not JSON", []byte(`{not json`), true, nil, protocol.CodeMalformed},
+		{"a body of the wrong shape", []byte(`{"v":1,"type":"desired","body":{"generation":"three"}}`), true, nil, protocol.CodeMalformed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var in bytes.Buffer
+			in.Write(frame(tt.data))
+			in.Write(frame(hello))
+			c := protocol.NewConn(&rw{r: &in})
+			_, _, err := c.Receive()
+			if err == nil || protocol.Recoverable(err) != tt.recoverable {
+				t.Fatalf("Receive = %v, want a recoverable=%v error", err, tt.recoverable)
+			}
+			if tt.want != nil && !errors.Is(err, tt.want) {
+				t.Fatalf("Receive = %v, want %v", err, tt.want)
+			}
+			if code := protocol.RefusalFor(err).Code; code != tt.code {
+				t.Fatalf("refusal code %s, want %s", code, tt.code)
+			}
+			// The next message is read as if nothing happened.
+			if env, _, err := c.Receive(); err != nil || env.Type != protocol.TypeHeartbeat {
+				t.Fatalf("the message after the refused one: %v, %v", env, err)
+			}
+		})
+	}
+}
+
+func TestSizeCap(t *testing.T) {
+	var in bytes.Buffer
+	var hdr [4]byte
+	binary.BigEndian.PutUint32(hdr[:], protocol.MaxMessageSize+1)
+	in.Write(hdr[:])
+	c := protocol.NewConn(&rw{r: &in})
+	if _, _, err := c.Receive(); !errors.Is(err, protocol.ErrTooLarge) || protocol.Recoverable(err) {
+		t.Fatalf("Receive of an oversized frame = %v, want ErrTooLarge, not recoverable", err)
+	}
+	small := protocol.NewConn(&rw{r: &in, w: io.Discard})
+	small.SetMaxMessageSize(64)
+	if err := small.Send(protocol.TypeDesired, &protocol.DesiredState{Hash: strings.Repeat("x", 100)}); !errors.Is(err, protocol.ErrTooLarge) {
+		t.Fatalf("Send over the cap = %v, want ErrTooLarge", err)
+	}
+}
+
+func TestSecretsDoNotPrint(t *testing.T) {
+	m := protocol.RotateCredential{Credential: "flt1_abcdefghijklmnopqrstuvwxyz"}
+	for _, s := range []string{fmt.Sprint(m), fmt.Sprintf("%+v", m), fmt.Sprintf("%#v", m), fmt.Sprintf("%v", &m)} {
+		if strings.Contains(s, "flt1_") {
+			t.Fatalf("a formatted message shows the credential: %s", s)
+		}
+	}
+	if data, _ := json.Marshal(m); !strings.Contains(string(data), "flt1_abc") {
+		t.Fatal("the wire form lost the credential")
+	}
+}
+
+// FuzzReceive feeds arbitrary bytes to the control stream's reader: it must return an
+// error or a message, never panic, and never allocate past the cap.
+func FuzzReceive(f *testing.F) {
+	f.Add(frame([]byte(`{"v":1,"type":"hello","body":{"identity":"x"}}`)))
+	f.Add(frame([]byte(`{"v":1,"type":"desired","body":{"objects":[{}]}}`)))
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
+	f.Add(frame([]byte(`{"v":99,"type":"?"}`)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := protocol.NewConn(&rw{r: bytes.NewReader(data)})
+		c.SetMaxMessageSize(1 << 16)
+		for range 8 {
+			_, _, err := c.Receive()
+			if err != nil && !protocol.Recoverable(err) {
+				return
+			}
+		}
+	})
+}
+
+type rw struct {
+	r io.Reader
+	w io.Writer
+}
+
+func (x *rw) Read(p []byte) (int, error) { return x.r.Read(p) }
+func (x *rw) Write(p []byte) (int, error) {
+	if x.w == nil {
+		return len(p), nil
+	}
+	return x.w.Write(p)
+}

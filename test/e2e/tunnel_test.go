@@ -1,0 +1,417 @@
+package e2e
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/hashicorp/yamux"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-gitops/flotilla/agent"
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
+	"github.com/flotilla-gitops/flotilla/secrets"
+)
+
+// dialRaw makes an upgrade request the way an agent would, with any secret.
+func dialRaw(t *testing.T, h *hubServer, identity, kind, secret string, version int) (*websocket.Conn, *http.Response, string) {
+	t.Helper()
+	hdr := http.Header{}
+	hdr.Set("Authorization", "Bearer "+secret)
+	hdr.Set(protocol.HeaderIdentity, identity)
+	hdr.Set(protocol.HeaderAuth, kind)
+	hdr.Set(protocol.HeaderProtocol, strconv.Itoa(version))
+	ws, resp, err := websocket.DefaultDialer.DialContext(t.Context(), h.url()+protocol.Path, hdr)
+	body := ""
+	if err != nil && resp != nil {
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+	}
+	return ws, resp, body
+}
+
+func workerSecret(t *testing.T, c *fleetCase) string {
+	t.Helper()
+	var sec corev1.Secret
+	if err := worker().Get(t.Context(), types.NamespacedName{Namespace: c.agentNS, Name: "flotilla-agent-credential"}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	return string(sec.Data["credential"])
+}
+
+func hubSecret(t *testing.T, c *fleetCase) corev1.Secret {
+	t.Helper()
+	var sec corev1.Secret
+	if err := hub().Get(t.Context(), types.NamespacedName{Namespace: c.ns, Name: tunnel.CredentialSecretName(fleetgenName)}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	return sec
+}
+
+func TestEnrollmentIsOneShot(t *testing.T) {
+	c := newCase(t, "enroll")
+	h := startHub(t, c, nil)
+	stop, agentLog := runAgent(t, c, h, true, nil)
+
+	wc := c.conditionIs(v1alpha1.ConditionRegistered, metav1.ConditionTrue, tunnel.ReasonEnrolled)
+	c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, tunnel.ReasonTunnelUp)
+	c.configured()
+	if wc.Status.Enrollment == nil || wc.Status.Enrollment.TokenHash != c.token.Hash().String() {
+		t.Fatalf("enrollment recorded as %+v", wc.Status.Enrollment)
+	}
+	cred := workerSecret(t, c)
+	if _, err := secrets.ParseToken(cred); err != nil {
+		t.Fatalf("the agent stored no credential: %v", err)
+	}
+	// The hub keeps the hash, never the credential.
+	hs := hubSecret(t, c)
+	tok, _ := secrets.ParseToken(cred)
+	if string(hs.Data["hash"]) != tok.Hash().String() {
+		t.Fatalf("hub credential hash %q, want the hash of the agent's credential", hs.Data["hash"])
+	}
+	for k, v := range hs.Data {
+		notContains(t, "the hub's Secret key "+k, string(v), cred)
+	}
+
+	t.Run("the same token again is refused without detail", func(t *testing.T) {
+		_, resp, body := dialRaw(t, h, c.identity, protocol.AuthEnrollment, c.token.Reveal(), protocol.ProtocolVersion)
+		if resp == nil || resp.StatusCode != http.StatusUnauthorized || strings.TrimSpace(body) != "unauthorized" {
+			t.Fatalf("replayed token: %v %q, want 401 unauthorized", resp, body)
+		}
+		if !strings.Contains(h.log.String(), "already redeemed") || !strings.Contains(h.log.String(), "fingerprint="+c.token.Hash().Fingerprint()) {
+			t.Fatalf("the hub's log lacks the reason and fingerprint:\n%s", h.log.String())
+		}
+	})
+	t.Run("a wrong token is refused without detail", func(t *testing.T) {
+		other, _ := secrets.NewToken()
+		for _, secret := range []string{other.Reveal(), "not-a-token", c.token.Reveal()[:20]} {
+			_, resp, body := dialRaw(t, h, c.identity, protocol.AuthEnrollment, secret, protocol.ProtocolVersion)
+			if resp == nil || resp.StatusCode != http.StatusUnauthorized || strings.TrimSpace(body) != "unauthorized" {
+				t.Fatalf("wrong token: %v %q, want 401 unauthorized", resp, body)
+			}
+		}
+		if !strings.Contains(h.log.String(), "does not match") {
+			t.Fatalf("the hub's log lacks the reason:\n%s", h.log.String())
+		}
+		_, resp, _ := dialRaw(t, h, c.identity, protocol.AuthCredential, other.Reveal(), protocol.ProtocolVersion)
+		if resp == nil || resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("a wrong credential: %v, want 401", resp)
+		}
+	})
+	t.Run("a newer protocol is refused with a reason", func(t *testing.T) {
+		_, resp, body := dialRaw(t, h, c.identity, protocol.AuthCredential, cred, protocol.ProtocolVersion+1)
+		if resp == nil || resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "newer") {
+			t.Fatalf("newer protocol: %v %q", resp, body)
+		}
+	})
+	t.Run("a restarted agent reconnects with its stored credential", func(t *testing.T) {
+		stop()
+		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionFalse, tunnel.ReasonTunnelDown)
+		// No token this time: only the stored credential can get it in.
+		runAgent(t, c, h, false, nil)
+		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, tunnel.ReasonTunnelUp)
+	})
+	for _, log := range []string{h.log.String(), agentLog.String()} {
+		notContains(t, "a log", log, c.token.Reveal())
+		notContains(t, "a log", log, cred)
+	}
+}
+
+const fleetgenName = "example-us-central1"
+
+func TestCredentialRotatesWithoutDroppingTheTunnel(t *testing.T) {
+	c := newCase(t, "rotate")
+	h := startHub(t, c, func(o *tunnel.Options) { o.RotateEvery = 700 * time.Millisecond })
+	runAgent(t, c, h, true, nil)
+	c.configured()
+	first := workerSecret(t, c)
+	var rotated string
+	eventually(t, "two rotations", func() (bool, string) {
+		cur := workerSecret(t, c)
+		if cur != first && rotated == "" {
+			rotated = cur
+		}
+		return rotated != "" && cur != rotated, "waiting"
+	})
+	// The hub confirms what the agent stored, and the tunnel never dropped.
+	eventually(t, "the hub's hash follows", func() (bool, string) {
+		tok, err := secrets.ParseToken(workerSecret(t, c))
+		if err != nil {
+			return false, err.Error()
+		}
+		hs := hubSecret(t, c)
+		return string(hs.Data["hash"]) == tok.Hash().String() || string(hs.Data["pendingHash"]) == tok.Hash().String(), string(hs.Data["hash"])
+	})
+	if n := strings.Count(h.log.String(), "agent connected"); n != 1 {
+		t.Fatalf("%d connections during rotation, want the first one only:\n%s", n, h.log.String())
+	}
+	// The first credential is worthless now.
+	_, resp, _ := dialRaw(t, h, c.identity, protocol.AuthCredential, first, protocol.ProtocolVersion)
+	if resp == nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a rotated-out credential: %v, want 401", resp)
+	}
+}
+
+func TestDesiredStateIsAppliedUpdatedAndPruned(t *testing.T) {
+	c := newCase(t, "apply")
+	h := startHub(t, c, nil)
+	runAgent(t, c, h, true, nil)
+	c.configured()
+	uids := map[string]types.UID{}
+	for _, o := range c.res.Objects {
+		live := &unstructured.Unstructured{}
+		live.SetGroupVersionKind(o.GroupVersionKind())
+		if err := worker().Get(t.Context(), client.ObjectKeyFromObject(o), live); err != nil {
+			t.Fatalf("%s %s not applied: %v", o.GetKind(), o.GetName(), err)
+		}
+		if live.GetLabels()[v1alpha1.WorkerClusterLabel] != c.identity {
+			t.Fatalf("%s %s lacks the ownership label", o.GetKind(), o.GetName())
+		}
+		uids[o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName()] = live.GetUID()
+	}
+
+	// Cordon: stopPolicy Hold on the ClusterQueues, updated in place; drop a LocalQueue.
+	var dropped *unstructured.Unstructured
+	c.state, c.res = rendered(t, 2, func(objs []*unstructured.Unstructured) []*unstructured.Unstructured {
+		var out []*unstructured.Unstructured
+		for _, o := range objs {
+			if o.GetKind() == "LocalQueue" && dropped == nil {
+				dropped = o
+				continue
+			}
+			if o.GetKind() == "ClusterQueue" {
+				_ = unstructured.SetNestedField(o.Object, "Hold", "spec", "stopPolicy")
+			}
+			out = append(out, o)
+		}
+		return out
+	})
+	if dropped == nil {
+		t.Fatal("the template renders no LocalQueue to drop")
+	}
+	c.desired.set(c.identity, c.state)
+	if ok, err := h.srv.Push(t.Context(), c.identity); err != nil || !ok {
+		t.Fatalf("Push = %v, %v", ok, err)
+	}
+	c.configured()
+	for _, o := range c.res.Objects {
+		live := &unstructured.Unstructured{}
+		live.SetGroupVersionKind(o.GroupVersionKind())
+		if err := worker().Get(t.Context(), client.ObjectKeyFromObject(o), live); err != nil {
+			t.Fatal(err)
+		}
+		if live.GetUID() != uids[o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName()] {
+			t.Fatalf("%s %s was replaced, not updated in place", o.GetKind(), o.GetName())
+		}
+		if o.GetKind() == "ClusterQueue" {
+			if p, _, _ := unstructured.NestedString(live.Object, "spec", "stopPolicy"); p != "Hold" {
+				t.Fatalf("ClusterQueue %s has stopPolicy %q after the cordon", o.GetName(), p)
+			}
+		}
+	}
+	gone := &unstructured.Unstructured{}
+	gone.SetGroupVersionKind(dropped.GroupVersionKind())
+	eventually(t, "the dropped LocalQueue pruned", func() (bool, string) {
+		err := worker().Get(t.Context(), client.ObjectKeyFromObject(dropped), gone)
+		return client.IgnoreNotFound(err) == nil && err != nil, "still there"
+	})
+}
+
+func TestBrownfieldObjectIsRefusedUntilLabelled(t *testing.T) {
+	c := newCase(t, "brownfield")
+	var cq *unstructured.Unstructured
+	for _, o := range c.res.Objects {
+		if o.GetKind() == "ClusterQueue" {
+			cq = o
+			break
+		}
+	}
+	// A customer's ClusterQueue of the same name, already there.
+	existing := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": cq.GetAPIVersion(), "kind": "ClusterQueue",
+		"metadata": map[string]any{"name": cq.GetName(), "labels": map[string]any{"team": "research"}},
+		"spec":     map[string]any{"namespaceSelector": map[string]any{}},
+	}}
+	if err := worker().Create(t.Context(), existing); err != nil {
+		t.Fatal(err)
+	}
+	before := existing.DeepCopy()
+	h := startHub(t, c, nil)
+	runAgent(t, c, h, true, nil)
+	wc := c.conditionIs(v1alpha1.ConditionWorkerConfigured, metav1.ConditionFalse, tunnel.ReasonAdoptionRefused)
+	msg := condition(wc, v1alpha1.ConditionWorkerConfigured).Message
+	if !strings.Contains(msg, "refuse to adopt existing object not owned by this WorkerCluster") || !strings.Contains(msg, string(before.GetUID())) {
+		t.Fatalf("refusal says %q", msg)
+	}
+	live := &unstructured.Unstructured{}
+	live.SetGroupVersionKind(cq.GroupVersionKind())
+	if err := worker().Get(t.Context(), client.ObjectKeyFromObject(cq), live); err != nil {
+		t.Fatal(err)
+	}
+	if live.GetUID() != before.GetUID() || live.GetResourceVersion() != before.GetResourceVersion() {
+		t.Fatal("the refused ClusterQueue was changed")
+	}
+
+	// The operator hands it over.
+	live.SetLabels(map[string]string{"team": "research", v1alpha1.WorkerClusterLabel: c.identity})
+	if err := worker().Update(t.Context(), live); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.srv.Push(t.Context(), c.identity); err != nil {
+		t.Fatal(err)
+	}
+	c.configured()
+	if err := worker().Get(t.Context(), client.ObjectKeyFromObject(cq), live); err != nil {
+		t.Fatal(err)
+	}
+	if live.GetUID() != before.GetUID() {
+		t.Fatal("the adopted ClusterQueue was replaced")
+	}
+}
+
+func TestFaultsConverge(t *testing.T) {
+	c := newCase(t, "faults")
+	h := startHub(t, c, nil)
+	stopDirect, _ := runAgent(t, c, h, true, nil)
+	c.configured()
+	cred := workerSecret(t, c)
+	versions := func() map[string]string {
+		out := map[string]string{}
+		for _, o := range c.res.Objects {
+			live := &unstructured.Unstructured{}
+			live.SetGroupVersionKind(o.GroupVersionKind())
+			if err := worker().Get(t.Context(), client.ObjectKeyFromObject(o), live); err != nil {
+				t.Fatal(err)
+			}
+			out[o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName()] = live.GetResourceVersion()
+		}
+		return out
+	}
+	applied := versions()
+	unchanged := func(t *testing.T) {
+		t.Helper()
+		for k, v := range versions() {
+			if applied[k] != v {
+				t.Fatalf("%s was written again (resourceVersion %s → %s)", k, applied[k], v)
+			}
+		}
+	}
+
+	t.Run("the hub restarts", func(t *testing.T) {
+		h.restart()
+		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, "")
+		eventually(t, "the new hub has the agent", func() (bool, string) { return h.srv.Connected(c.identity), "" })
+		c.configured()
+		unchanged(t)
+	})
+	t.Run("garbage frames do not disturb the live agent", func(t *testing.T) {
+		ws, resp, body := dialRaw(t, h, c.identity, protocol.AuthCredential, cred, protocol.ProtocolVersion)
+		if ws == nil {
+			t.Fatalf("dial: %v %s", resp, body)
+		}
+		_ = ws.WriteMessage(websocket.TextMessage, []byte("{not yamux"))
+		_ = ws.WriteMessage(websocket.BinaryMessage, []byte{0xff, 0xfe, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+		_, _, err := ws.ReadMessage()
+		if err == nil {
+			t.Fatal("the hub kept a tunnel that sent garbage")
+		}
+		_ = ws.Close()
+		if !h.srv.Connected(c.identity) {
+			t.Fatal("the garbage connection displaced the agent")
+		}
+	})
+	t.Run("a message over the size cap closes that tunnel only", func(t *testing.T) {
+		ws, resp, body := dialRaw(t, h, c.identity, protocol.AuthCredential, cred, protocol.ProtocolVersion)
+		if ws == nil {
+			t.Fatalf("dial: %v %s", resp, body)
+		}
+		tn, err := protocol.NewTunnel(ws, true, fast)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tn.Close()
+		st, err := tn.OpenStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hdr [4]byte
+		binary.BigEndian.PutUint32(hdr[:], protocol.MaxMessageSize+1)
+		_, _ = st.Write(hdr[:])
+		_, _ = st.Write(make([]byte, 1024))
+		eventually(t, "the oversized stream closed", func() (bool, string) {
+			_ = st.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			_, err := st.Read(make([]byte, 1))
+			return err != nil && !errors.Is(err, yamux.ErrTimeout), "open"
+		})
+		// The agent's own tunnel was never replaced (the intruder sent no hello).
+		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, "")
+	})
+	t.Run("a peer that stops answering is dropped, and comes back", func(t *testing.T) {
+		// The agent's tunnel runs through a link that the test cuts without closing:
+		// packets vanish, as in a network partition.
+		stopDirect()
+		link := newLink(t, h.addr)
+		stop, _ := runAgent(t, c, h, false, func(o *agent.Options) { o.HubURL = link.url() })
+		defer stop()
+		eventually(t, "the agent through the link", func() (bool, string) {
+			return link.conns() > 0 && h.srv.Connected(c.identity), ""
+		})
+		link.freeze()
+		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionFalse, tunnel.ReasonTunnelDown)
+		link.thaw()
+		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, tunnel.ReasonTunnelUp)
+		c.configured()
+		unchanged(t)
+	})
+}
+
+func TestGPUInventoryReachesTheHub(t *testing.T) {
+	c := newCase(t, "gpus")
+	for i, n := range []struct {
+		name          string
+		ready         bool
+		unschedulable bool
+	}{{"gpu-node-a", true, false}, {"gpu-node-b", true, false}, {"gpu-node-c", false, false}} {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{
+			"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.count": "8",
+		}}, Spec: corev1.NodeSpec{Unschedulable: n.unschedulable}}
+		if err := worker().Create(t.Context(), node); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = worker().Delete(context.Background(), node) })
+		status := corev1.ConditionTrue
+		if !n.ready {
+			status = corev1.ConditionFalse
+		}
+		node.Status = corev1.NodeStatus{
+			Capacity:    corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8")},
+			Allocatable: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8")},
+			Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status, Reason: "Test", LastHeartbeatTime: metav1.Now()}},
+		}
+		if err := worker().Status().Update(t.Context(), node); err != nil {
+			t.Fatalf("node %d: %v", i, err)
+		}
+	}
+	h := startHub(t, c, nil)
+	runAgent(t, c, h, true, nil)
+	eventually(t, "the GPU totals on the WorkerCluster", func() (bool, string) {
+		wc := c.wc()
+		want := []v1alpha1.GPUTotal{{Product: "NVIDIA-H100-80GB-HBM3", Count: 16, Nodes: 2}}
+		return fmt.Sprint(wc.Status.GPUs) == fmt.Sprint(want) && wc.Status.UnavailableGPUNodes == 1, fmt.Sprintf("%v, %d unavailable", wc.Status.GPUs, wc.Status.UnavailableGPUNodes)
+	})
+}
