@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -287,7 +288,8 @@ func TestBrownfieldObjectIsRefusedUntilLabelled(t *testing.T) {
 func TestFaultsConverge(t *testing.T) {
 	c := newCase(t, "faults")
 	h := startHub(t, c, nil)
-	stopDirect, _ := runAgent(t, c, h, true, nil)
+	outer := t // agents started in a case below outlive it
+	stopCurrent, _ := runAgent(t, c, h, true, nil)
 	c.configured()
 	cred := workerSecret(t, c)
 	versions := func() map[string]string {
@@ -316,6 +318,48 @@ func TestFaultsConverge(t *testing.T) {
 		h.restart()
 		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, "")
 		eventually(t, "the new hub has the agent", func() (bool, string) { return h.srv.Connected(c.identity), "" })
+		c.configured()
+		unchanged(t)
+	})
+	t.Run("the tunnel is cut mid-apply", func(t *testing.T) {
+		stopCurrent()
+		cut := &cutOnce{srv: h.srv, identity: c.identity}
+		// This agent stays for the cases below.
+		stopCurrent, _ = runAgent(outer, c, h, false, func(o *agent.Options) { cut.next = o.Applier; o.Applier = cut })
+		eventually(t, "the cut apply done and the state applied after the redial", func() (bool, string) {
+			return cut.applies.Load() >= 2 && h.srv.Connected(c.identity), fmt.Sprintf("%d applies", cut.applies.Load())
+		})
+		c.configured()
+		unchanged(t)
+	})
+	t.Run("a second connection of the identity replaces the first cleanly", func(t *testing.T) {
+		mark := len(h.log.String())
+		since := func() string { return h.log.String()[mark:] }
+		ws, resp, body := dialRaw(t, h, c.identity, protocol.AuthCredential, cred, protocol.ProtocolVersion)
+		if ws == nil {
+			t.Fatalf("dial: %v %s", resp, body)
+		}
+		tn, err := protocol.NewTunnel(ws, true, fast)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tn.Close()
+		st, err := tn.OpenStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := protocol.NewConn(st).Send(protocol.TypeHello, &protocol.Hello{Identity: c.identity, AgentVersion: "second"}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the first replaced", func() (bool, string) {
+			return strings.Contains(since(), "tunnel replaced by a new connection"), ""
+		})
+		// The agent redials and replaces the intruder in turn; the hub never marked the
+		// cluster disconnected meanwhile.
+		eventually(t, "the second closed by the agent's return", func() (bool, string) { return tn.IsClosed(), "" })
+		if strings.Contains(since(), "agent disconnected") {
+			t.Fatal("a replaced tunnel was recorded as a disconnection")
+		}
 		c.configured()
 		unchanged(t)
 	})
@@ -364,7 +408,7 @@ func TestFaultsConverge(t *testing.T) {
 	t.Run("a peer that stops answering is dropped, and comes back", func(t *testing.T) {
 		// The agent's tunnel runs through a link that the test cuts without closing:
 		// packets vanish, as in a network partition.
-		stopDirect()
+		stopCurrent()
 		link := newLink(t, h.addr)
 		stop, _ := runAgent(t, c, h, false, func(o *agent.Options) { o.HubURL = link.url() })
 		defer stop()
@@ -414,4 +458,20 @@ func TestGPUInventoryReachesTheHub(t *testing.T) {
 		want := []v1alpha1.GPUTotal{{Product: "NVIDIA-H100-80GB-HBM3", Count: 16, Nodes: 2}}
 		return fmt.Sprint(wc.Status.GPUs) == fmt.Sprint(want) && wc.Status.UnavailableGPUNodes == 1, fmt.Sprintf("%v, %d unavailable", wc.Status.GPUs, wc.Status.UnavailableGPUNodes)
 	})
+}
+
+// cutOnce is an applier that cuts the hub's end of the tunnel during its first apply
+// and then applies all the same, as when a link fails while a state is being applied.
+type cutOnce struct {
+	srv      *tunnel.Server
+	identity string
+	next     agent.Applier
+	applies  atomic.Int32
+}
+
+func (c *cutOnce) Apply(ctx context.Context, st protocol.DesiredState) protocol.Applied {
+	if c.applies.Add(1) == 1 {
+		c.srv.Disconnect(c.identity)
+	}
+	return c.next.Apply(ctx, st)
 }
