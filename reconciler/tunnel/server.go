@@ -55,7 +55,10 @@ type Options struct {
 	LastSeenEvery time.Duration
 	// HandshakeTimeout bounds the time from upgrade to the agent's hello.
 	HandshakeTimeout time.Duration
-	Log              *slog.Logger
+	// OnStatus, when set, is called after the tunnel changed a WorkerCluster's status, so
+	// the hub can sum the conditions up and report them.
+	OnStatus func(ctx context.Context, key client.ObjectKey)
+	Log      *slog.Logger
 	Now              func() time.Time
 }
 

@@ -330,7 +330,7 @@ func (s *session) credentialStored(ctx context.Context, m *protocol.CredentialSt
 // patchStatus changes the WorkerCluster's status from its current state, retrying on
 // conflicts with other writers (the hub's reconciler writes conditions too).
 func (s *session) patchStatus(ctx context.Context, mutate func(*v1alpha1.WorkerCluster)) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var wc v1alpha1.WorkerCluster
 		if err := s.srv.opts.Client.Get(ctx, client.ObjectKeyFromObject(s.wc), &wc); err != nil {
 			return err
@@ -339,6 +339,10 @@ func (s *session) patchStatus(ctx context.Context, mutate func(*v1alpha1.WorkerC
 		mutate(&wc)
 		return s.srv.opts.Client.Status().Patch(ctx, &wc, patch)
 	})
+	if err == nil && s.srv.opts.OnStatus != nil {
+		s.srv.opts.OnStatus(ctx, client.ObjectKeyFromObject(s.wc))
+	}
+	return err
 }
 
 func setCondition(wc *v1alpha1.WorkerCluster, typ string, status metav1.ConditionStatus, reason, msg string) {

@@ -18,6 +18,23 @@ const (
 	// ConditionDispatchReady is True when the cluster is connected, configured at the
 	// desired generation, not cordoned, and its MultiKueue member is Active.
 	ConditionDispatchReady = "DispatchReady"
+	// ConditionReady sums the others up for people: True when the cluster is
+	// registered, connected and configured at the current desired state. Its message is
+	// the first unmet condition's.
+	ConditionReady = "Ready"
+)
+
+// Annotations the hub keeps on a WorkerCluster.
+const (
+	// SourceCommitAnnotation is the newest commit that changed the cluster's inputs
+	// (its directory or a fleet-wide file): where its commit status goes.
+	SourceCommitAnnotation = "flotilla.dev/source-commit"
+	// SourceDigestAnnotation is a digest of those inputs, so that a hub re-reading
+	// everything after a restart can tell which clusters really changed.
+	SourceDigestAnnotation = "flotilla.dev/source-digest"
+	// DecommissionAnnotation marks a cluster whose directory left the fleet: the agent
+	// is asked to prune what it owns before the WorkerCluster is deleted.
+	DecommissionAnnotation = "flotilla.dev/decommission"
 )
 
 // ExpectedGPU is a kind of GPU the cluster should report, and how many of it.
@@ -168,7 +185,13 @@ type WorkerClusterStatus struct {
 // +kubebuilder:printcolumn:name="Region",type=string,JSONPath=`.spec.region`
 // +kubebuilder:printcolumn:name="Preset",type=string,JSONPath=`.spec.preset`
 // +kubebuilder:printcolumn:name="Cordoned",type=boolean,JSONPath=`.spec.cordoned`
-// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="DispatchReady")].status`
+// +kubebuilder:printcolumn:name="Registered",type=string,JSONPath=`.status.conditions[?(@.type=="Registered")].status`
+// +kubebuilder:printcolumn:name="Connected",type=string,JSONPath=`.status.conditions[?(@.type=="Connected")].status`
+// +kubebuilder:printcolumn:name="Configured",type=string,JSONPath=`.status.conditions[?(@.type=="WorkerConfigured")].status`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="GPUs",type=string,JSONPath=`.status.gpus[*].count`
+// +kubebuilder:printcolumn:name="Product",type=string,JSONPath=`.status.gpus[*].product`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type WorkerCluster struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

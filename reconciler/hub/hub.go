@@ -1,0 +1,536 @@
+// Package hub joins the hub's parts into the product: it follows each fleet source
+// (a repository and branch for one tenant), re-reads only the clusters a new head
+// changed, validates and renders them, keeps one WorkerCluster per cluster in the
+// tenant's namespace, hands the desired states to the tunnel, sums the agents' reports
+// up into Ready, and reports each cluster as a commit status on the commit its state
+// came from.
+package hub
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-git/go-git/v5/plumbing"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	"github.com/flotilla-gitops/flotilla/reconciler/render"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
+	"github.com/flotilla-gitops/flotilla/secrets"
+)
+
+// invalidAnnotation holds why the cluster's directory does not validate at the
+// source commit; the worker keeps its last good state meanwhile.
+const invalidAnnotation = "flotilla.dev/invalid"
+
+// Options configure a Hub.
+type Options struct {
+	// Client reads and writes WorkerClusters and Secrets on the hub cluster.
+	Client    client.Client
+	Decryptor *secrets.Decryptor
+	Log       *slog.Logger
+}
+
+// Hub reconciles fleet sources. Attach the tunnel before running it.
+type Hub struct {
+	opts     Options
+	renderer *render.Renderer
+	tunnel   *tunnel.Server
+
+	mu      sync.Mutex
+	desired map[string]*protocol.DesiredState // by identity
+	sources map[string]*Source                // by tenant namespace
+}
+
+// New checks the options.
+func New(opts Options) (*Hub, error) {
+	if opts.Client == nil || opts.Decryptor == nil {
+		return nil, errors.New("hub: a client and a decryptor are required")
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Hub{opts: opts, renderer: render.New(), desired: map[string]*protocol.DesiredState{}, sources: map[string]*Source{}}, nil
+}
+
+// Attach gives the hub the tunnel it pushes desired states through. The tunnel's
+// Desired and OnStatus should be the hub's.
+func (h *Hub) Attach(t *tunnel.Server) { h.tunnel = t }
+
+// Desired is the tunnel's source of desired states.
+func (h *Hub) Desired(_ context.Context, wc *v1alpha1.WorkerCluster) (*protocol.DesiredState, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.desired[wc.Labels[v1alpha1.WorkerClusterLabel]], nil
+}
+
+// OnStatus is the tunnel's hook: an agent's report changed a WorkerCluster's status.
+func (h *Hub) OnStatus(ctx context.Context, key client.ObjectKey) {
+	h.mu.Lock()
+	src := h.sources[key.Namespace]
+	h.mu.Unlock()
+	if src == nil {
+		return
+	}
+	if err := src.refresh(ctx, key.Name); err != nil {
+		src.log.Error("refreshing a WorkerCluster", "workerCluster", key.Name, "error", err)
+	}
+}
+
+// SourceOptions name one fleet source.
+type SourceOptions struct {
+	Git gitsource.Options
+	// Tenant is the only tenant the source's fleet.yaml may name; Namespace is the
+	// tenant's namespace on the hub, the only one the source writes.
+	Tenant    string
+	Namespace string
+	// Statuses keeps commit statuses; nil posts none.
+	Statuses status.Backend
+	// Poll is the interval between fetches when no webhook arrives. Default 1 minute.
+	Poll time.Duration
+}
+
+// Source is one followed fleet repository.
+type Source struct {
+	hub       *Hub
+	opts      SourceOptions
+	git       *gitsource.Source
+	poller    *gitsource.Poller
+	publisher *status.Publisher
+	log       *slog.Logger
+
+	mu     sync.Mutex
+	last   plumbing.Hash
+	head   string
+	prefix string
+	// states are the clusters' last published statuses, for the fleet's summary.
+	states map[string]status.State
+	// invalid are the clusters of the last head whose directory does not validate.
+	invalid map[string]string
+	// fleetError is set while fleet.yaml or a preset does not validate.
+	fleetError string
+}
+
+// AddSource follows a repository for a tenant.
+func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
+	if opts.Tenant == "" || opts.Namespace == "" {
+		return nil, errors.New("hub: a source needs its tenant and namespace")
+	}
+	if opts.Poll <= 0 {
+		opts.Poll = time.Minute
+	}
+	g, err := gitsource.New(opts.Git)
+	if err != nil {
+		return nil, err
+	}
+	s := &Source{hub: h, opts: opts, git: g, log: h.opts.Log.With("tenant", opts.Tenant, "repository", gitsource.RedactURL(opts.Git.URL)),
+		prefix: fleet.DefaultStatusContextPrefix, states: map[string]status.State{}, invalid: map[string]string{}}
+	if opts.Statuses != nil {
+		s.publisher = status.NewPublisher(opts.Statuses, status.PublisherOptions{Log: s.log})
+	}
+	s.poller = gitsource.NewPoller(opts.Poll, 0.1, func(ctx context.Context) {
+		if err := s.Sync(ctx); err != nil {
+			s.log.Error("sync failed", "error", err)
+		}
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, dup := h.sources[opts.Namespace]; dup {
+		return nil, fmt.Errorf("hub: two sources write namespace %s", opts.Namespace)
+	}
+	h.sources[opts.Namespace] = s
+	return s, nil
+}
+
+// Trigger asks for a fetch now, e.g. from a webhook; triggers coalesce.
+func (s *Source) Trigger() { s.poller.Trigger() }
+
+// Run syncs at once, then on every trigger and poll, until ctx ends.
+func (s *Source) Run(ctx context.Context) { s.poller.Run(ctx) }
+
+// Sync fetches the branch and reconciles what its new head changed.
+func (s *Source) Sync(ctx context.Context) error {
+	s.mu.Lock()
+	last := s.last
+	s.mu.Unlock()
+	snap, ch, err := s.git.Update(ctx, last)
+	if err != nil {
+		var ve *gitsource.VerificationError
+		if errors.As(err, &ve) {
+			s.post(ctx, ve.Commit, status.Status{Context: s.context("fleet"), State: status.Failure, Description: "not applied: " + ve.Reason})
+		}
+		return err
+	}
+	if snap.Commit == last {
+		return nil
+	}
+	head := snap.Commit.String()
+	log := s.log.With("commit", head)
+	f := fleet.Load(snap.FS())
+	s.mu.Lock()
+	s.prefix = f.StatusContextPrefix()
+	s.mu.Unlock()
+
+	if f.Spec != nil && f.Spec.Spec.Tenant != s.opts.Tenant {
+		// Tenant isolation: a source writes its own namespace only, whatever the
+		// repository claims.
+		msg := fmt.Sprintf("%s names tenant %q; this repository may only hold tenant %q", fleet.FleetFile, f.Spec.Spec.Tenant, s.opts.Tenant)
+		log.Warn("refused a head", "reason", msg)
+		s.setHead(snap.Commit, msg)
+		s.post(ctx, head, status.Status{Context: s.context("fleet"), State: status.Failure, Description: msg})
+		return nil
+	}
+	fleetErr := ""
+	if !f.Valid() {
+		if errs := f.Errors; len(errs) > 0 {
+			fleetErr = errs[0].Error()
+		} else {
+			fleetErr = fleet.FleetFile + ": missing"
+		}
+	}
+
+	existing, err := s.workerClusters(ctx)
+	if err != nil {
+		return err
+	}
+	names := ch.Clusters
+	if ch.All {
+		names = f.ClusterNames()
+		for name := range existing {
+			if f.Clusters[name] == nil {
+				names = append(names, name)
+			}
+		}
+		slices.Sort(names)
+	}
+	log.Info("reconciling a new head", "clusters", len(names), "all", ch.All, "reason", ch.Reason)
+	for _, name := range names {
+		c := f.Clusters[name]
+		wc := existing[name]
+		var err error
+		switch {
+		case c == nil && wc != nil:
+			err = s.decommission(ctx, wc, head)
+		case c == nil:
+		case fleetErr != "":
+			// Nothing renders while fleet.yaml or a preset is broken; the workers keep
+			// their last good state.
+		default:
+			err = s.reconcileCluster(ctx, f, c, wc, head)
+		}
+		if err != nil {
+			log.Error("reconciling a cluster", "cluster", name, "error", err)
+		}
+	}
+	s.setHead(snap.Commit, fleetErr)
+	s.publishFleet(ctx)
+	return nil
+}
+
+func (s *Source) setHead(h plumbing.Hash, fleetErr string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last, s.head, s.fleetError = h, h.String(), fleetErr
+}
+
+func (s *Source) context(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prefix + "/" + name
+}
+
+func (s *Source) workerClusters(ctx context.Context) (map[string]*v1alpha1.WorkerCluster, error) {
+	var list v1alpha1.WorkerClusterList
+	if err := s.hub.opts.Client.List(ctx, &list, client.InNamespace(s.opts.Namespace), client.MatchingLabels{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue}); err != nil {
+		return nil, fmt.Errorf("listing WorkerClusters in %s: %w", s.opts.Namespace, err)
+	}
+	out := make(map[string]*v1alpha1.WorkerCluster, len(list.Items))
+	for i := range list.Items {
+		out[list.Items[i].Name] = &list.Items[i]
+	}
+	return out, nil
+}
+
+// inputsDigest changes whenever the cluster's directory or a fleet-wide input does.
+func inputsDigest(f *fleet.Fleet, c *fleet.Cluster) string {
+	h := sha256.New()
+	h.Write([]byte(c.Digest))
+	spec, _ := json.Marshal(f.Spec)
+	h.Write(spec)
+	for _, name := range f.PresetNames() {
+		h.Write([]byte(name + "\x00" + f.Presets[name].Digest))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// reconcileCluster validates, renders and enrolls one cluster of the head.
+func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.Cluster, wc *v1alpha1.WorkerCluster, head string) error {
+	identity := fleet.Identity(s.opts.Tenant, c.Name)
+	digest := inputsDigest(f, c)
+	fail := func(why string) error {
+		// Fails alone: the WorkerCluster and the worker keep their last good state.
+		s.mu.Lock()
+		s.invalid[c.Name] = why
+		s.mu.Unlock()
+		s.post(ctx, head, status.Status{Context: s.context(c.Name), State: status.Failure, Description: why})
+		if wc == nil {
+			return nil
+		}
+		return s.annotate(ctx, wc, map[string]string{invalidAnnotation: why, v1alpha1.SourceCommitAnnotation: head, v1alpha1.SourceDigestAnnotation: digest})
+	}
+	if !c.Valid() {
+		return fail(c.Errors[0].Error())
+	}
+	res, err := s.hub.renderer.Render(f, c.Name)
+	if err != nil {
+		var list fleet.ErrorList
+		if errors.As(err, &list) && len(list) > 0 {
+			return fail(list[0].Error())
+		}
+		return fail(err.Error())
+	}
+	tok, err := s.hub.opts.Decryptor.TokenHash(ctx, path.Join(c.Dir, fleet.EnrollmentFile), c.Enrollment())
+	if err != nil {
+		return fail(err.Error())
+	}
+	s.mu.Lock()
+	delete(s.invalid, c.Name)
+	s.mu.Unlock()
+
+	commit := head
+	if wc != nil && wc.Annotations[v1alpha1.SourceDigestAnnotation] == digest && wc.Annotations[v1alpha1.SourceCommitAnnotation] != "" {
+		commit = wc.Annotations[v1alpha1.SourceCommitAnnotation] // nothing of it changed
+	}
+	want := &v1alpha1.WorkerCluster{ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: c.Name}}
+	if wc != nil {
+		want = wc.DeepCopy()
+	}
+	want.Labels = mergeMaps(want.Labels, map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue, v1alpha1.WorkerClusterLabel: identity})
+	want.Annotations = mergeMaps(want.Annotations, map[string]string{v1alpha1.SourceCommitAnnotation: commit, v1alpha1.SourceDigestAnnotation: digest})
+	delete(want.Annotations, invalidAnnotation)
+	delete(want.Annotations, v1alpha1.DecommissionAnnotation)
+	want.Spec = *c.Object.Spec.DeepCopy()
+	want.Spec.EnrollmentTokenHash = tok.String()
+	if wc == nil {
+		err = s.hub.opts.Client.Create(ctx, want)
+	} else {
+		err = s.hub.opts.Client.Update(ctx, want)
+	}
+	if err != nil {
+		return fmt.Errorf("writing WorkerCluster %s/%s: %w", want.Namespace, want.Name, err)
+	}
+
+	ds := &protocol.DesiredState{Generation: want.Generation, Hash: res.Hash}
+	for _, o := range res.Objects {
+		raw, err := json.Marshal(o.Object)
+		if err != nil {
+			return err
+		}
+		ds.Objects = append(ds.Objects, raw)
+	}
+	s.hub.setDesired(identity, ds)
+	if err := s.patchStatus(ctx, c.Name, func(wc *v1alpha1.WorkerCluster) { wc.Status.DesiredHash = res.Hash }); err != nil {
+		return err
+	}
+	if s.hub.tunnel != nil {
+		if _, err := s.hub.tunnel.Push(ctx, identity); err != nil {
+			s.log.Warn("pushing the desired state", "cluster", c.Name, "error", err)
+		}
+	}
+	return s.refresh(ctx, c.Name)
+}
+
+func (h *Hub) setDesired(identity string, ds *protocol.DesiredState) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if ds == nil {
+		delete(h.desired, identity)
+		return
+	}
+	h.desired[identity] = ds
+}
+
+func mergeMaps(dst, src map[string]string) map[string]string {
+	if dst == nil {
+		dst = map[string]string{}
+	}
+	for k, v := range src {
+		dst[k] = v
+	}
+	return dst
+}
+
+func (s *Source) annotate(ctx context.Context, wc *v1alpha1.WorkerCluster, ann map[string]string) error {
+	patch := client.MergeFrom(wc.DeepCopy())
+	wc.Annotations = mergeMaps(wc.Annotations, ann)
+	if err := s.hub.opts.Client.Patch(ctx, wc, patch); err != nil {
+		return fmt.Errorf("annotating WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
+	}
+	return s.refresh(ctx, wc.Name)
+}
+
+func (s *Source) patchStatus(ctx context.Context, name string, mutate func(*v1alpha1.WorkerCluster)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var wc v1alpha1.WorkerCluster
+		if err := s.hub.opts.Client.Get(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: name}, &wc); err != nil {
+			return err
+		}
+		patch := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		mutate(&wc)
+		return s.hub.opts.Client.Status().Patch(ctx, &wc, patch)
+	})
+}
+
+// refresh sums a WorkerCluster's conditions up, finishes a decommission the agent
+// completed, and publishes the cluster's commit status.
+func (s *Source) refresh(ctx context.Context, name string) error {
+	var wc v1alpha1.WorkerCluster
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := s.hub.opts.Client.Get(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: name}, &wc); err != nil {
+			return err
+		}
+		patch := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		if !summarize(&wc) {
+			return nil
+		}
+		return s.hub.opts.Client.Status().Patch(ctx, &wc, patch)
+	})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if wc.Annotations[v1alpha1.DecommissionAnnotation] != "" {
+		return s.maybeFinishDecommission(ctx, &wc)
+	}
+	st := commitStatus(s.context(name), &wc)
+	if why := wc.Annotations[invalidAnnotation]; why != "" {
+		st.State, st.Description = status.Failure, why
+	}
+	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], st)
+	s.mu.Lock()
+	changed := s.states[name] != st.State
+	s.states[name] = st.State
+	s.mu.Unlock()
+	if changed {
+		s.publishFleet(ctx)
+	}
+	return nil
+}
+
+// decommissionHash is the desired "state" of a cluster leaving the fleet.
+func decommissionHash(wc *v1alpha1.WorkerCluster) string { return "decommission:" + string(wc.UID) }
+
+// decommission asks the agent to prune what it owns; the WorkerCluster goes once it
+// reports done, or at once when the agent is not connected.
+func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, head string) error {
+	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
+	s.log.Info("decommissioning a cluster removed from the fleet", "cluster", wc.Name)
+	s.hub.setDesired(identity, &protocol.DesiredState{Generation: wc.Generation, Hash: decommissionHash(wc), Decommission: true})
+	if err := s.patchStatus(ctx, wc.Name, func(w *v1alpha1.WorkerCluster) { w.Status.DesiredHash = decommissionHash(wc) }); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(wc.DeepCopy())
+	wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.DecommissionAnnotation: "prune", v1alpha1.SourceCommitAnnotation: head})
+	if err := s.hub.opts.Client.Patch(ctx, wc, patch); err != nil {
+		return err
+	}
+	s.post(ctx, head, status.Status{Context: s.context(wc.Name), State: status.Pending, Description: "decommissioning: waiting for the agent to prune what it owns"})
+	if s.hub.tunnel != nil {
+		if ok, err := s.hub.tunnel.Push(ctx, identity); err == nil && ok {
+			return nil
+		}
+	}
+	return s.finishDecommission(ctx, wc, "removed; the agent was not connected, so nothing was pruned on the worker")
+}
+
+func (s *Source) maybeFinishDecommission(ctx context.Context, wc *v1alpha1.WorkerCluster) error {
+	if wc.Status.AppliedHash != decommissionHash(wc) {
+		return nil
+	}
+	return s.finishDecommission(ctx, wc, "decommissioned: the agent pruned what it owned")
+}
+
+// finishDecommission revokes the agent's credential and deletes the WorkerCluster.
+func (s *Source) finishDecommission(ctx context.Context, wc *v1alpha1.WorkerCluster, msg string) error {
+	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: wc.Namespace, Name: tunnel.CredentialSecretName(wc.Name)}}
+	if err := s.hub.opts.Client.Delete(ctx, sec); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("revoking the credential of %s/%s: %w", wc.Namespace, wc.Name, err)
+	}
+	if s.hub.tunnel != nil {
+		s.hub.tunnel.Disconnect(identity)
+	}
+	if err := s.hub.opts.Client.Delete(ctx, wc); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
+	}
+	s.hub.setDesired(identity, nil)
+	s.log.Info("cluster decommissioned", "cluster", wc.Name)
+	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], status.Status{Context: s.context(wc.Name), State: status.Success, Description: msg})
+	s.mu.Lock()
+	delete(s.states, wc.Name)
+	s.mu.Unlock()
+	s.publishFleet(ctx)
+	return nil
+}
+
+// publishFleet posts the fleet's summary on the head.
+func (s *Source) publishFleet(ctx context.Context) {
+	s.mu.Lock()
+	head, fleetErr := s.head, s.fleetError
+	total, ready := len(s.states), 0
+	for _, st := range s.states {
+		if st == status.Success {
+			ready++
+		}
+	}
+	invalid := make([]string, 0, len(s.invalid))
+	for _, why := range s.invalid {
+		invalid = append(invalid, why)
+	}
+	s.mu.Unlock()
+	if head == "" {
+		return
+	}
+	slices.Sort(invalid)
+	st := status.Status{Context: s.context("fleet")}
+	switch {
+	case fleetErr != "":
+		st.State, st.Description = status.Failure, fleetErr
+	case len(invalid) > 0:
+		st.State, st.Description = status.Failure, fmt.Sprintf("%d invalid cluster(s): %s", len(invalid), invalid[0])
+	case ready == total:
+		st.State, st.Description = status.Success, fmt.Sprintf("%d of %d clusters ready", ready, total)
+	default:
+		st.State, st.Description = status.Pending, fmt.Sprintf("%d of %d clusters ready", ready, total)
+	}
+	s.post(ctx, head, st)
+}
+
+func (s *Source) post(ctx context.Context, commit string, st status.Status) {
+	if s.publisher == nil || commit == "" {
+		return
+	}
+	if _, err := s.publisher.Publish(ctx, commit, st); err != nil {
+		s.log.Error("posting a commit status", "context", st.Context, "commit", commit, "error", err)
+	}
+}
+

@@ -1,0 +1,309 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	fhub "github.com/flotilla-gitops/flotilla/reconciler/hub"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
+	"github.com/flotilla-gitops/flotilla/secrets"
+	"github.com/flotilla-gitops/flotilla/test/gitserver"
+	"github.com/flotilla-gitops/flotilla/test/sopstest"
+)
+
+var (
+	buildMu  sync.Mutex
+	binaries = map[string]string{}
+)
+
+// builtBinary builds one of the commands once per test process.
+func builtBinary(t *testing.T, name string) string {
+	t.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := binaries[name]; ok {
+		return p
+	}
+	dir, err := os.MkdirTemp("", "flotilla-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
+	cmd.Dir = "../.."
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v\n%s", name, err, b)
+	}
+	binaries[name] = out
+	return out
+}
+
+func cli(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(builtBinary(t, "flotilla"), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("flotilla %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// values is the handover file `flotilla cluster add` writes for the worker's admin.
+type values struct {
+	Hub     struct{ URL string } `json:"hub"`
+	Cluster struct {
+		Tenant, Name, Identity string
+	} `json:"cluster"`
+	Enrollment struct{ Token string } `json:"enrollment"`
+}
+
+// readDir returns every file under dir/sub as repository paths.
+func readDir(t *testing.T, dir, sub string) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	err := filepath.WalkDir(filepath.Join(dir, sub), func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		data, err := os.ReadFile(p)
+		files[filepath.ToSlash(rel)] = data
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// fleetRepo is a fleet repository made with the CLI, on the git server, with the hub
+// following it.
+type fleetRepo struct {
+	t       *testing.T
+	dir     string // the engineer's checkout, where the CLI writes
+	repo    *gitserver.Repo
+	src     *fhub.Source
+	notes   *gitnotes.Backend
+	tunnel  *hubServer
+	tenant  string
+	ns      string
+	desired *fhub.Hub
+}
+
+func newFleetRepo(t *testing.T, tenant string) *fleetRepo {
+	t.Helper()
+	ctx := t.Context()
+	id := sopstest.NewIdentity(t)
+	f := &fleetRepo{t: t, dir: filepath.Join(t.TempDir(), "fleet"), tenant: tenant, ns: "tenant-" + tenant}
+	if err := hub().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}}); err != nil {
+		t.Fatal(err)
+	}
+	// The hub's tunnel listens first: its address goes into the values files.
+	h := &hubServer{t: t, log: &logBuffer{}}
+	l, err := listenLoopback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.addr = l.Addr().String()
+	cli(t, "fleet", "init", f.dir, "--tenant", tenant, "--hub-url", "ws://"+h.addr, "--age-recipient", id.Recipient().String())
+	srv := gitserver.Start(t)
+	f.repo = srv.NewRepo(t, "fleet-"+tenant, f.dir)
+
+	ids, err := secrets.NewIdentities(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, err := fhub.New(fhub.Options{Client: hub(), Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids}), Log: h.log.logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.desired = hb
+	h.opts = tunnel.Options{Client: hub(), Desired: hb, OnStatus: hb.OnStatus, Liveness: fast, AllowInsecureLoopback: true, Log: h.log.logger()}
+	h.serve(l)
+	t.Cleanup(h.stop)
+	hb.Attach(h.srv)
+	f.tunnel = h
+	if f.notes, err = gitnotes.New(gitnotes.Options{URL: f.repo.URL()}); err != nil {
+		t.Fatal(err)
+	}
+	f.src, err = hb.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: f.repo.URL(), Branch: "main"}, Tenant: tenant, Namespace: f.ns, Statuses: f.notes, Poll: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.src.Run(runCtx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return f
+}
+
+// addCluster runs `flotilla cluster add` and commits the cluster's files on branch.
+func (f *fleetRepo) addCluster(branch, name string, extra ...string) (values, string) {
+	f.t.Helper()
+	args := append([]string{"cluster", "add", name, "--dir", f.dir, "--region", "us-east1", "--residency", "us", "--preset", "gpu"}, extra...)
+	cli(f.t, args...)
+	var v values
+	data, err := os.ReadFile(filepath.Join(f.dir, "values."+name+".local.yaml"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, &v); err != nil {
+		f.t.Fatal(err)
+	}
+	sha := f.repo.Commit(branch, "add cluster "+name, readDir(f.t, f.dir, "clusters/"+name))
+	return v, sha
+}
+
+// statusOf reads a context's status on commit, as `flotilla status` would.
+func (f *fleetRepo) statusOf(commit, context string) status.Status {
+	f.t.Helper()
+	got, err := f.notes.Latest(f.t.Context(), commit)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return got[context]
+}
+
+func (f *fleetRepo) waitStatus(commit, context string, want status.State, contains string) status.Status {
+	f.t.Helper()
+	var st status.Status
+	eventually(f.t, fmt.Sprintf("%s %s on %.8s", context, want, commit), func() (bool, string) {
+		st = f.statusOf(commit, context)
+		return st.State == want && strings.Contains(st.Description, contains), fmt.Sprintf("%s: %s", st.State, st.Description)
+	})
+	return st
+}
+
+// startAgent runs an agent in-process with the values file's identity and token.
+func (f *fleetRepo) startAgent(v values) func() {
+	c := &fleetCase{t: f.t, identity: v.Cluster.Identity, token: mustToken(f.t, v.Enrollment.Token), agentNS: "flotilla-" + v.Cluster.Name}
+	if err := worker().Create(f.t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.agentNS}}); err != nil {
+		f.t.Fatal(err)
+	}
+	stop, _ := runAgent(f.t, c, f.tunnel, true, nil)
+	return stop
+}
+
+func mustToken(t *testing.T, s string) secrets.Token {
+	t.Helper()
+	tok, err := secrets.ParseToken(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func TestMergeTurnsTheCommitGreen(t *testing.T) {
+	f := newFleetRepo(t, "acme")
+	f.repo.Branch("main", "add-gpu-a")
+	v, _ := f.addCluster("add-gpu-a", "gpu-a")
+	began := time.Now()
+	merge := f.repo.Merge("main", "add-gpu-a", "Merge: add gpu-a")
+	f.src.Trigger()
+	f.waitStatus(merge, "flotilla/gpu-a", status.Pending, "enrollment token")
+	f.waitStatus(merge, "flotilla/fleet", status.Pending, "0 of 1")
+
+	f.startAgent(v)
+	f.waitStatus(merge, "flotilla/gpu-a", status.Success, "ready")
+	t.Logf("merge to success, agent started after the merge: %s", time.Since(began).Round(time.Millisecond))
+	f.waitStatus(merge, "flotilla/fleet", status.Success, "1 of 1")
+
+	var wc v1alpha1.WorkerCluster
+	if err := hub().Get(t.Context(), types.NamespacedName{Namespace: f.ns, Name: "gpu-a"}, &wc); err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range []string{v1alpha1.ConditionRegistered, v1alpha1.ConditionConnected, v1alpha1.ConditionWorkerConfigured, v1alpha1.ConditionReady} {
+		if c := condition(&wc, typ); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != wc.Generation {
+			t.Errorf("%s = %+v, want True at generation %d", typ, c, wc.Generation)
+		}
+	}
+	if c := condition(&wc, v1alpha1.ConditionDispatchReady); c == nil || c.Status != metav1.ConditionUnknown || c.Reason != fhub.ReasonMultiKueueNotConfigured {
+		t.Errorf("DispatchReady = %+v, want Unknown MultiKueueNotConfigured", c)
+	}
+
+	t.Run("an invalid cluster fails alone, naming file and line", func(t *testing.T) {
+		bad := f.repo.Commit("main", "break gpu-b", map[string][]byte{"clusters/gpu-b/cluster.yaml": []byte("apiVersion: flotilla.dev/v1alpha1\nkind: WorkerCluster\nmetadata:\n  name: gpu-b\nspec:\n  region: us-east1\n  residency: mars\n  preset: gpu\n")})
+		f.src.Trigger()
+		st := f.waitStatus(bad, "flotilla/gpu-b", status.Failure, "clusters/gpu-b/cluster.yaml:")
+		t.Logf("failure: %s", st.Description)
+		f.waitStatus(bad, "flotilla/fleet", status.Failure, "invalid")
+		// gpu-a did not change: its status stays on its own commit, green.
+		f.waitStatus(merge, "flotilla/gpu-a", status.Success, "ready")
+		if got := f.statusOf(bad, "flotilla/gpu-a"); got.State != "" {
+			t.Fatalf("gpu-a got a status on a commit that did not touch it: %+v", got)
+		}
+	})
+
+	t.Run("a merged cordon reconfigures the worker and turns green", func(t *testing.T) {
+		file := filepath.Join(f.dir, "clusters", "gpu-a", "cluster.yaml")
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cordoned := []byte(strings.Replace(string(data), "cordoned: false", "cordoned: true", 1))
+		if string(cordoned) == string(data) {
+			t.Fatalf("cluster.yaml has no cordoned: false to flip:\n%s", data)
+		}
+		if err := os.WriteFile(file, cordoned, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		began := time.Now()
+		cordon := f.repo.Commit("main", "cordon gpu-a", map[string][]byte{"clusters/gpu-a/cluster.yaml": cordoned})
+		f.src.Trigger()
+		f.waitStatus(cordon, "flotilla/gpu-a", status.Success, "ready")
+		t.Logf("push to success for a connected cluster: %s", time.Since(began).Round(time.Millisecond))
+		var cqs unstructured.UnstructuredList
+		cqs.SetGroupVersionKind(schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "ClusterQueueList"})
+		if err := worker().List(t.Context(), &cqs, client.MatchingLabels{v1alpha1.WorkerClusterLabel: v.Cluster.Identity}); err != nil || len(cqs.Items) == 0 {
+			t.Fatalf("ClusterQueues of gpu-a: %d, %v", len(cqs.Items), err)
+		}
+		for _, cq := range cqs.Items {
+			if p, _, _ := unstructured.NestedString(cq.Object, "spec", "stopPolicy"); p != "Hold" {
+				t.Fatalf("ClusterQueue %s has stopPolicy %q after the cordon", cq.GetName(), p)
+			}
+		}
+	})
+
+	t.Run("a removed cluster is decommissioned", func(t *testing.T) {
+		files := readDir(t, f.dir, "clusters/gpu-a")
+		rm := map[string][]byte{"clusters/gpu-b/cluster.yaml": nil}
+		for p := range files {
+			rm[p] = nil
+		}
+		removed := f.repo.Commit("main", "remove gpu-a", rm)
+		f.src.Trigger()
+		f.waitStatus(removed, "flotilla/gpu-a", status.Success, "decommissioned")
+		eventually(t, "the WorkerCluster gone", func() (bool, string) {
+			err := hub().Get(t.Context(), types.NamespacedName{Namespace: f.ns, Name: "gpu-a"}, &v1alpha1.WorkerCluster{})
+			return err != nil, "still there"
+		})
+		var sec corev1.Secret
+		if err := hub().Get(t.Context(), types.NamespacedName{Namespace: f.ns, Name: tunnel.CredentialSecretName("gpu-a")}, &sec); err == nil {
+			t.Fatal("the agent's credential was not revoked")
+		}
+		var cqs unstructured.UnstructuredList
+		cqs.SetGroupVersionKind(schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "ClusterQueueList"})
+		if err := worker().List(t.Context(), &cqs, client.MatchingLabels{v1alpha1.WorkerClusterLabel: v.Cluster.Identity}); err != nil || len(cqs.Items) != 0 {
+			t.Fatalf("the worker still has %d ClusterQueues of gpu-a (%v)", len(cqs.Items), err)
+		}
+	})
+}
