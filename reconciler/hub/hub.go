@@ -46,6 +46,8 @@ type Options struct {
 	Client    client.Client
 	Decryptor *secrets.Decryptor
 	Log       *slog.Logger
+	// OnSync, when set, learns how long each sync of a source took, for metrics.
+	OnSync func(source string, took time.Duration, err error)
 }
 
 // Hub reconciles fleet sources. Attach the tunnel before running it.
@@ -96,7 +98,9 @@ func (h *Hub) OnStatus(ctx context.Context, key client.ObjectKey) {
 
 // SourceOptions name one fleet source.
 type SourceOptions struct {
-	Git gitsource.Options
+	// Name identifies the source in logs and metrics; defaults to the tenant.
+	Name string
+	Git  gitsource.Options
 	// Tenant is the only tenant the source's fleet.yaml may name; Namespace is the
 	// tenant's namespace on the hub, the only one the source writes.
 	Tenant    string
@@ -136,6 +140,9 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 	if opts.Poll <= 0 {
 		opts.Poll = time.Minute
 	}
+	if opts.Name == "" {
+		opts.Name = opts.Tenant
+	}
 	g, err := gitsource.New(opts.Git)
 	if err != nil {
 		return nil, err
@@ -146,7 +153,12 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 		s.publisher = status.NewPublisher(opts.Statuses, status.PublisherOptions{Log: s.log})
 	}
 	s.poller = gitsource.NewPoller(opts.Poll, 0.1, func(ctx context.Context) {
-		if err := s.Sync(ctx); err != nil {
+		began := time.Now()
+		err := s.Sync(ctx)
+		if h.opts.OnSync != nil {
+			h.opts.OnSync(opts.Name, time.Since(began), err)
+		}
+		if err != nil {
 			s.log.Error("sync failed", "error", err)
 		}
 	})

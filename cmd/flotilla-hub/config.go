@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the hub's configuration file. Secrets are never written into it: every
+// credential is named by a file (a mounted Kubernetes Secret, typically).
+type Config struct {
+	// Kubeconfig of the hub cluster; empty uses the in-cluster configuration, then
+	// KUBECONFIG.
+	Kubeconfig string `yaml:"kubeconfig"`
+	Listen     struct {
+		// Tunnel is where agents dial in (wss, or ws on loopback when allowed).
+		Tunnel string `yaml:"tunnel"`
+		// HTTP serves /healthz, /readyz, /metrics, the webhooks and the plan pages.
+		HTTP string `yaml:"http"`
+	} `yaml:"listen"`
+	TLS struct {
+		CertFile string `yaml:"certFile"`
+		KeyFile  string `yaml:"keyFile"`
+	} `yaml:"tls"`
+	// AllowInsecureLoopback accepts plain ws:// tunnels from loopback addresses.
+	AllowInsecureLoopback bool `yaml:"allowInsecureLoopback"`
+	// PublicURL is the hub's HTTP address as forges and browsers see it, for the
+	// target URLs of plan statuses.
+	PublicURL string `yaml:"publicURL"`
+	Age       struct {
+		IdentityFiles []string `yaml:"identityFiles"`
+	} `yaml:"age"`
+	// KMS lets enrollment files encrypted to a cloud KMS be decrypted through SOPS.
+	KMS       bool `yaml:"kms"`
+	Heartbeat struct {
+		Interval Duration `yaml:"interval"`
+		Timeout  Duration `yaml:"timeout"`
+	} `yaml:"heartbeat"`
+	LeaderElection struct {
+		Enabled   bool   `yaml:"enabled"`
+		Namespace string `yaml:"namespace"`
+		Name      string `yaml:"name"`
+	} `yaml:"leaderElection"`
+	Sources []SourceConfig `yaml:"sources"`
+}
+
+// SourceConfig is one fleet repository of one tenant.
+type SourceConfig struct {
+	// Name identifies the source in logs, metrics and its webhook path
+	// (/webhooks/<name>).
+	Name   string `yaml:"name"`
+	URL    string `yaml:"url"`
+	Branch string `yaml:"branch"`
+	Tenant string `yaml:"tenant"`
+	// Namespace on the hub cluster; defaults to the tenant's name.
+	Namespace         string   `yaml:"namespace"`
+	Poll              Duration `yaml:"poll"`
+	WebhookSecretFile string   `yaml:"webhookSecretFile"`
+	Git               struct {
+		Username        string `yaml:"username"`
+		PasswordFile    string `yaml:"passwordFile"`
+		SSHKeyFile      string `yaml:"sshKeyFile"`
+		KnownHostsFile  string `yaml:"knownHostsFile"`
+		TrustedKeysFile string `yaml:"trustedKeysFile"`
+	} `yaml:"git"`
+	Statuses struct {
+		// Kind is notes (the default: git notes in the repository), github, gitea,
+		// gitlab, or none.
+		Kind           string `yaml:"kind"`
+		URL            string `yaml:"url"`
+		Owner          string `yaml:"owner"`
+		Repo           string `yaml:"repo"`
+		Project        string `yaml:"project"`
+		TokenFile      string `yaml:"tokenFile"`
+		AppID          int64  `yaml:"appID"`
+		InstallationID int64  `yaml:"installationID"`
+		PrivateKeyFile string `yaml:"privateKeyFile"`
+	} `yaml:"statuses"`
+}
+
+// Duration reads "30s" style durations.
+type Duration time.Duration
+
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (like 30s or 5m)", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// LoadConfig reads and checks a configuration file; errors name the file and line.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	if err := c.check(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &c, nil
+}
+
+func (c *Config) check() error {
+	if c.Listen.Tunnel == "" {
+		c.Listen.Tunnel = ":8443"
+	}
+	if c.Listen.HTTP == "" {
+		c.Listen.HTTP = ":8080"
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		return errors.New("tls: give both certFile and keyFile")
+	}
+	if c.TLS.CertFile == "" && !c.AllowInsecureLoopback {
+		return errors.New("tls: the tunnel needs a certificate (or allowInsecureLoopback for a hub and agents on one machine)")
+	}
+	if len(c.Age.IdentityFiles) == 0 && !c.KMS {
+		return errors.New("age.identityFiles: the hub needs an age identity (or kms) to read enrollment tokens")
+	}
+	if c.LeaderElection.Enabled && c.LeaderElection.Namespace == "" {
+		return errors.New("leaderElection.namespace is required when leader election is enabled")
+	}
+	if c.LeaderElection.Name == "" {
+		c.LeaderElection.Name = "flotilla-hub"
+	}
+	if len(c.Sources) == 0 {
+		return errors.New("sources: no fleet repository to follow")
+	}
+	names, namespaces := map[string]bool{}, map[string]bool{}
+	for i := range c.Sources {
+		s := &c.Sources[i]
+		where := fmt.Sprintf("sources[%d]", i)
+		switch {
+		case s.Name == "" || strings.ContainsAny(s.Name, "/ "):
+			return fmt.Errorf("%s.name: a name without slashes or spaces is required", where)
+		case names[s.Name]:
+			return fmt.Errorf("%s.name: %q is used twice", where, s.Name)
+		case s.URL == "":
+			return fmt.Errorf("%s.url is required", where)
+		case s.Tenant == "":
+			return fmt.Errorf("%s.tenant is required", where)
+		}
+		if u, err := url.Parse(s.URL); err == nil && u.User != nil {
+			if _, hasPassword := u.User.Password(); hasPassword {
+				return fmt.Errorf("%s.url: credentials in the URL; use git.passwordFile", where)
+			}
+		}
+		if s.Branch == "" {
+			s.Branch = "main"
+		}
+		if s.Namespace == "" {
+			s.Namespace = s.Tenant
+		}
+		if namespaces[s.Namespace] {
+			return fmt.Errorf("%s.namespace: %q is written by another source", where, s.Namespace)
+		}
+		if s.Poll == 0 {
+			s.Poll = Duration(time.Minute)
+		}
+		switch s.Statuses.Kind {
+		case "":
+			s.Statuses.Kind = "notes"
+		case "notes", "github", "gitea", "gitlab", "none":
+		default:
+			return fmt.Errorf("%s.statuses.kind: %q is none of notes, github, gitea, gitlab, none", where, s.Statuses.Kind)
+		}
+		names[s.Name], namespaces[s.Namespace] = true, true
+	}
+	return nil
+}
+
+// readSecret reads a secret file, trimmed of the newline editors leave.
+func readSecret(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(data)), nil
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const goodConfig = `listen:
+  tunnel: 127.0.0.1:0
+allowInsecureLoopback: true
+age:
+  identityFiles: [/etc/flotilla/age.key]
+sources:
+- name: acme
+  url: https://git.example/acme/fleet.git
+  tenant: acme
+  webhookSecretFile: /etc/flotilla/webhook
+  statuses:
+    kind: github
+    owner: acme
+    repo: fleet
+    tokenFile: /etc/flotilla/github-token
+`
+
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "hub.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoadConfig(t *testing.T) {
+	c, err := LoadConfig(writeConfig(t, goodConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.Sources[0]
+	if s.Branch != "main" || s.Namespace != "acme" || time.Duration(s.Poll) != time.Minute || c.Listen.HTTP != ":8080" || c.LeaderElection.Name != "flotilla-hub" {
+		t.Fatalf("defaults not applied: %+v", c)
+	}
+}
+
+func TestLoadConfigRefuses(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(string) string
+		want string
+	}{
+		{"an unknown field, with its line", func(s string) string { return s + "colour: blue\n" }, "line 16: field colour not found"},
+		{"a tunnel without TLS off loopback", func(s string) string { return strings.Replace(s, "allowInsecureLoopback: true\n", "", 1) }, "certificate"},
+		{"credentials in the repository URL", func(s string) string {
+			return strings.Replace(s, "https://git.example", "https://bot:hunter2@git.example", 1)
+		}, "credentials in the URL"},
+		{"two sources writing one namespace", func(s string) string {
+			return s + "- name: other\n  url: https://git.example/other.git\n  tenant: other\n  namespace: acme\n"
+		}, "written by another source"},
+		{"an unknown status kind", func(s string) string { return strings.Replace(s, "kind: github", "kind: bitbucket", 1) }, "bitbucket"},
+		{"no age identity", func(s string) string { return strings.Replace(s, "  identityFiles: [/etc/flotilla/age.key]\n", "", 1) }, "age identity"},
+		{"a malformed duration", func(s string) string { return s + "heartbeat:\n  interval: often\n" }, "not a duration"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := writeConfig(t, tt.edit(goodConfig))
+			_, err := LoadConfig(p)
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), p) {
+				t.Fatalf("LoadConfig = %v, want an error naming the file and saying %q", err, tt.want)
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Fatal("the error shows the password")
+			}
+		})
+	}
+}

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+)
+
+// metrics are the hub's Prometheus metrics, in a registry of its own.
+type metrics struct {
+	reg      *prometheus.Registry
+	syncs    *prometheus.HistogramVec
+	webhook  *prometheus.CounterVec
+	statuses *prometheus.CounterVec
+}
+
+func newMetrics(reg *prometheus.Registry, c client.Reader) *metrics {
+	m := &metrics{
+		reg: reg,
+		syncs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "flotilla_hub_sync_duration_seconds", Help: "Time to fetch a fleet source and reconcile what its new head changed.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
+		}, []string{"source", "result"}),
+		webhook: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_hub_webhook_deliveries_total", Help: "Webhook deliveries by source and HTTP answer.",
+		}, []string{"source", "code"}),
+		statuses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_hub_commit_statuses_posted_total", Help: "Commit statuses posted, by source, state and result.",
+		}, []string{"source", "state", "result"}),
+	}
+	reg.MustRegister(m.syncs, m.webhook, m.statuses, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&clusterCollector{c: c, desc: prometheus.NewDesc("flotilla_hub_clusters", "WorkerClusters by condition and status.", []string{"namespace", "condition", "status"}, nil)})
+	return m
+}
+
+func (m *metrics) observeSync(source string, took time.Duration, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.syncs.WithLabelValues(source, result).Observe(took.Seconds())
+}
+
+func (m *metrics) connected(sessions func() int) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "flotilla_hub_connected_agents", Help: "Agents with a live tunnel."},
+		func() float64 { return float64(sessions()) }))
+}
+
+// webhooks counts deliveries by the answer the handler gave.
+func (m *metrics) webhooks(source string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+		h.ServeHTTP(rec, r)
+		m.webhook.WithLabelValues(source, strconv.Itoa(rec.code)).Inc()
+	})
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (r *statusRecorder) WriteHeader(code int) { r.code = code; r.ResponseWriter.WriteHeader(code) }
+
+func (m *metrics) countStatuses(source string, b status.Backend) status.Backend {
+	return &countingBackend{Backend: b, count: func(st status.State, err error) {
+		result := "ok"
+		if err != nil {
+			result = "error"
+		}
+		m.statuses.WithLabelValues(source, string(st), result).Inc()
+	}}
+}
+
+type countingBackend struct {
+	status.Backend
+	count func(status.State, error)
+}
+
+func (c *countingBackend) Set(ctx context.Context, commit string, st status.Status) error {
+	err := c.Backend.Set(ctx, commit, st)
+	c.count(st.State, err)
+	return err
+}
+
+// clusterCollector counts WorkerClusters by condition when scraped.
+type clusterCollector struct {
+	c    client.Reader
+	desc *prometheus.Desc
+}
+
+func (cc *clusterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- cc.desc }
+
+func (cc *clusterCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var list v1alpha1.WorkerClusterList
+	if err := cc.c.List(ctx, &list); err != nil {
+		ch <- prometheus.NewInvalidMetric(cc.desc, err)
+		return
+	}
+	type key struct{ ns, cond, status string }
+	counts := map[key]int{}
+	for _, wc := range list.Items {
+		for _, typ := range []string{v1alpha1.ConditionRegistered, v1alpha1.ConditionConnected, v1alpha1.ConditionWorkerConfigured, v1alpha1.ConditionReady, v1alpha1.ConditionDispatchReady} {
+			s := string(metav1.ConditionUnknown)
+			for _, c := range wc.Status.Conditions {
+				if c.Type == typ {
+					s = string(c.Status)
+				}
+			}
+			counts[key{wc.Namespace, typ, s}]++
+		}
+	}
+	for k, n := range counts {
+		ch <- prometheus.MustNewConstMetric(cc.desc, prometheus.GaugeValue, float64(n), k.ns, k.cond, k.status)
+	}
+}

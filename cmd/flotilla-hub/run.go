@@ -1,0 +1,296 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/status/gitea"
+	"github.com/flotilla-gitops/flotilla/gitsource/status/github"
+	"github.com/flotilla-gitops/flotilla/gitsource/status/gitlab"
+	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/hub"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
+	"github.com/flotilla-gitops/flotilla/secrets"
+)
+
+func restConfig(cfg *Config) (*rest.Config, error) {
+	if cfg.Kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	}
+	return ctrlconfig.GetConfig()
+}
+
+// run serves until ctx ends.
+func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
+	rc, err := restConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("the hub cluster: %w", err)
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	c, err := client.New(rc, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("the hub cluster: %w", err)
+	}
+	ids, err := loadIdentities(cfg.Age.IdentityFiles)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg, c)
+	h, err := hub.New(hub.Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Log: log, OnSync: m.observeSync})
+	if err != nil {
+		return err
+	}
+	live := protocol.DefaultLiveness
+	if cfg.Heartbeat.Interval > 0 {
+		live.Interval = time.Duration(cfg.Heartbeat.Interval)
+	}
+	if cfg.Heartbeat.Timeout > 0 {
+		live.Timeout = time.Duration(cfg.Heartbeat.Timeout)
+	}
+	tun, err := tunnel.New(tunnel.Options{Client: c, Desired: h, OnStatus: h.OnStatus, Liveness: live, AllowInsecureLoopback: cfg.AllowInsecureLoopback, Log: log})
+	if err != nil {
+		return err
+	}
+	h.Attach(tun)
+	m.connected(tun.Sessions)
+
+	mux := http.NewServeMux()
+	var sources []*hub.Source
+	for _, sc := range cfg.Sources {
+		src, err := addSource(ctx, h, sc, m)
+		if err != nil {
+			return fmt.Errorf("source %s: %w", sc.Name, err)
+		}
+		sources = append(sources, src)
+		if sc.WebhookSecretFile != "" {
+			secret, err := readSecret(sc.WebhookSecretFile)
+			if err != nil {
+				return fmt.Errorf("source %s: webhook secret: %w", sc.Name, err)
+			}
+			wh := gitsource.NewWebhookHandler(gitsource.WebhookOptions{Secret: []byte(secret), Trigger: func(gitsource.Forge, string) { src.Trigger() }, Log: log.With("source", sc.Name)})
+			mux.Handle("POST /webhooks/"+sc.Name, m.webhooks(sc.Name, wh))
+		}
+	}
+	var leading atomic.Bool
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !leading.Load() {
+			http.Error(w, "not leading: another replica serves the fleet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	httpSrv := &http.Server{Addr: cfg.Listen.HTTP, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	httpErr := make(chan error, 1)
+	go func() { httpErr <- httpSrv.ListenAndServe() }()
+	defer httpSrv.Close()
+
+	lead := func(ctx context.Context) error {
+		leading.Store(true)
+		defer leading.Store(false)
+		tmux := http.NewServeMux()
+		tmux.Handle(protocol.Path, tun)
+		ts := &http.Server{Addr: cfg.Listen.Tunnel, Handler: tmux, ReadHeaderTimeout: 10 * time.Second}
+		l, err := net.Listen("tcp", cfg.Listen.Tunnel)
+		if err != nil {
+			return fmt.Errorf("the tunnel listener: %w", err)
+		}
+		tunErr := make(chan error, 1)
+		go func() {
+			if cfg.TLS.CertFile != "" {
+				ts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+				tunErr <- ts.ServeTLS(l, cfg.TLS.CertFile, cfg.TLS.KeyFile)
+				return
+			}
+			tunErr <- ts.Serve(l)
+		}()
+		log.Info("serving", "tunnel", l.Addr().String(), "http", cfg.Listen.HTTP, "sources", len(sources))
+		for _, s := range sources {
+			go s.Run(ctx)
+		}
+		select {
+		case <-ctx.Done():
+		case err := <-tunErr:
+			return err
+		case err := <-httpErr:
+			return err
+		}
+		_ = ts.Close()
+		tun.Close()
+		return nil
+	}
+	if !cfg.LeaderElection.Enabled {
+		return lead(ctx)
+	}
+	return leaderElect(ctx, rc, cfg, log, lead)
+}
+
+// leaderElect runs lead while this replica holds the Lease; a second replica waits
+// instead of writing beside the first.
+func leaderElect(ctx context.Context, rc *rest.Config, cfg *Config, log *slog.Logger, lead func(context.Context) error) error {
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	host, _ := os.Hostname()
+	id := fmt.Sprintf("%s_%d", host, os.Getpid())
+	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, cfg.LeaderElection.Namespace, cfg.LeaderElection.Name, cs.CoreV1(), cs.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: id})
+	if err != nil {
+		return err
+	}
+	var leadErr error
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock: lock, ReleaseOnCancel: true,
+		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				log.Info("leading", "lease", cfg.LeaderElection.Namespace+"/"+cfg.LeaderElection.Name, "identity", id)
+				leadErr = lead(ctx)
+			},
+			OnStoppedLeading: func() { log.Info("stopped leading") },
+			OnNewLeader: func(leader string) {
+				if leader != id {
+					log.Info("another replica leads; waiting", "leader", leader)
+				}
+			},
+		},
+	})
+	if leadErr != nil {
+		return leadErr
+	}
+	return ctx.Err()
+}
+
+func loadIdentities(files []string) (*secrets.Identities, error) {
+	var readers []io.Reader
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("age identity: %w", err)
+		}
+		readers = append(readers, strings.NewReader(string(data)+"\n"))
+	}
+	return secrets.ParseIdentities(strings.Join(files, ", "), io.MultiReader(readers...))
+}
+
+func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, m *metrics) (*hub.Source, error) {
+	opts := gitsource.Options{URL: sc.URL, Branch: sc.Branch}
+	switch {
+	case sc.Git.PasswordFile != "":
+		pw, err := readSecret(sc.Git.PasswordFile)
+		if err != nil {
+			return nil, err
+		}
+		user := sc.Git.Username
+		if user == "" {
+			user = "git"
+		}
+		opts.Auth = gitsource.HTTPAuth(user, pw)
+	case sc.Git.SSHKeyFile != "":
+		key, err := os.ReadFile(sc.Git.SSHKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		hosts, err := os.ReadFile(sc.Git.KnownHostsFile)
+		if err != nil {
+			return nil, fmt.Errorf("git.knownHostsFile: %w", err)
+		}
+		if opts.Auth, err = gitsource.SSHAuth(sc.Git.Username, key, nil, hosts); err != nil {
+			return nil, err
+		}
+	}
+	if sc.Git.TrustedKeysFile != "" {
+		ring, err := os.ReadFile(sc.Git.TrustedKeysFile)
+		if err != nil {
+			return nil, err
+		}
+		opts.TrustedKeys = string(ring)
+	}
+	backend, err := statusBackend(ctx, sc, opts)
+	if err != nil {
+		return nil, fmt.Errorf("statuses: %w", err)
+	}
+	if backend != nil {
+		backend = m.countStatuses(sc.Name, backend)
+	}
+	return h.AddSource(hub.SourceOptions{Name: sc.Name, Git: opts, Tenant: sc.Tenant, Namespace: sc.Namespace, Statuses: backend, Poll: time.Duration(sc.Poll)})
+}
+
+func statusBackend(ctx context.Context, sc SourceConfig, git gitsource.Options) (status.Backend, error) {
+	s := sc.Statuses
+	token := func() (string, error) {
+		if s.TokenFile == "" {
+			return "", errors.New("tokenFile is required")
+		}
+		return readSecret(s.TokenFile)
+	}
+	switch s.Kind {
+	case "none":
+		return nil, nil
+	case "notes":
+		return gitnotes.New(gitnotes.Options{URL: git.URL, Auth: git.Auth})
+	case "github":
+		opts := github.Options{BaseURL: s.URL, Owner: s.Owner, Repo: s.Repo}
+		if s.AppID != 0 {
+			key, err := os.ReadFile(s.PrivateKeyFile)
+			if err != nil {
+				return nil, err
+			}
+			opts.App = &github.App{AppID: s.AppID, InstallationID: s.InstallationID, PrivateKey: key}
+		} else {
+			t, err := token()
+			if err != nil {
+				return nil, err
+			}
+			opts.Token = t
+		}
+		return github.New(opts)
+	case "gitea":
+		t, err := token()
+		if err != nil {
+			return nil, err
+		}
+		return gitea.New(ctx, gitea.Options{URL: s.URL, Owner: s.Owner, Repo: s.Repo, Token: t})
+	case "gitlab":
+		t, err := token()
+		if err != nil {
+			return nil, err
+		}
+		return gitlab.New(gitlab.Options{URL: s.URL, Project: s.Project, Token: t})
+	}
+	return nil, fmt.Errorf("unknown kind %q", s.Kind)
+}
