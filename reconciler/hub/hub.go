@@ -22,6 +22,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -48,6 +49,10 @@ type Options struct {
 	Log       *slog.Logger
 	// OnSync, when set, learns how long each sync of a source took, for metrics.
 	OnSync func(source string, took time.Duration, err error)
+	// StaleAfter is how long after its first sync a hub waits for the agents a previous
+	// hub had connected before it records the missing ones as disconnected. Default 1
+	// minute; it should exceed the agents' redial backoff.
+	StaleAfter time.Duration
 }
 
 // Hub reconciles fleet sources. Attach the tunnel before running it.
@@ -68,6 +73,9 @@ func New(opts Options) (*Hub, error) {
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.StaleAfter <= 0 {
+		opts.StaleAfter = time.Minute
 	}
 	return &Hub{opts: opts, renderer: render.New(), desired: map[string]*protocol.DesiredState{}, sources: map[string]*Source{}}, nil
 }
@@ -253,7 +261,39 @@ func (s *Source) Sync(ctx context.Context) error {
 	}
 	s.setHead(snap.Commit, fleetErr)
 	s.publishFleet(ctx)
+	if last.IsZero() {
+		time.AfterFunc(s.hub.opts.StaleAfter, func() { s.markStale(context.WithoutCancel(ctx)) })
+	}
 	return nil
+}
+
+// markStale records as disconnected the clusters whose Connected condition a previous
+// hub left True and whose agent did not come back to this one.
+func (s *Source) markStale(ctx context.Context) {
+	if s.hub.tunnel == nil {
+		return
+	}
+	existing, err := s.workerClusters(ctx)
+	if err != nil {
+		s.log.Error("checking for agents that did not come back", "error", err)
+		return
+	}
+	for name, wc := range existing {
+		c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
+		if c == nil || c.Status != metav1.ConditionTrue || s.hub.tunnel.Connected(wc.Labels[v1alpha1.WorkerClusterLabel]) {
+			continue
+		}
+		err := s.patchStatus(ctx, name, func(wc *v1alpha1.WorkerCluster) {
+			meta.SetStatusCondition(&wc.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionConnected, Status: metav1.ConditionFalse,
+				Reason: tunnel.ReasonTunnelDown, Message: "the agent has not connected since the hub restarted", ObservedGeneration: wc.Generation})
+		})
+		if err == nil {
+			err = s.refresh(ctx, name)
+		}
+		if err != nil {
+			s.log.Error("recording a stale connection", "cluster", name, "error", err)
+		}
+	}
 }
 
 func (s *Source) setHead(h plumbing.Hash, fleetErr string) {

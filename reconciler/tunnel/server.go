@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -69,6 +70,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session // by identity
+	closing  atomic.Bool
 }
 
 // New checks the options.
@@ -197,8 +199,11 @@ func (s *Server) Disconnect(identity string) {
 	}
 }
 
-// Close ends every tunnel, for a hub that shuts down; agents redial.
+// Close ends every tunnel, for a hub that shuts down; agents redial. The clusters are
+// not recorded as disconnected: the hub is leaving, not the agents, and the next hub
+// finds out which of them come back.
 func (s *Server) Close() {
+	s.closing.Store(true)
 	s.mu.Lock()
 	all := make([]*session, 0, len(s.sessions))
 	for _, sess := range s.sessions {

@@ -155,8 +155,8 @@ func (s *session) stop(ctx context.Context) {
 		t.Stop()
 	}
 	s.mu.Unlock()
-	if !s.srv.unregister(s) {
-		return // a newer connection of the identity owns the status now
+	if !s.srv.unregister(s) || s.srv.closing.Load() {
+		return // a newer connection of the identity owns the status now, or the hub leaves
 	}
 	s.log.Info("agent disconnected")
 	now := metav1.NewTime(s.srv.opts.Now())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -106,7 +107,44 @@ type fleetRepo struct {
 	tunnel  *hubServer
 	tenant  string
 	ns      string
-	desired *fhub.Hub
+	ids     *secrets.Identities
+	stopRun func()
+}
+
+// startHub starts a hub, with nothing in memory, following the repository and serving
+// tunnels on l.
+func (f *fleetRepo) startHub(l net.Listener) {
+	t, h := f.t, f.tunnel
+	hb, err := fhub.New(fhub.Options{Client: hub(), Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: f.ids}), Log: h.log.logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.opts = tunnel.Options{Client: hub(), Desired: hb, OnStatus: hb.OnStatus, Liveness: fast, AllowInsecureLoopback: true, Log: h.log.logger()}
+	h.serve(l)
+	hb.Attach(h.srv)
+	f.src, err = hb.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: f.repo.URL(), Branch: "main"}, Tenant: f.tenant, Namespace: f.ns, Statuses: f.notes, Poll: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.src.Run(runCtx); close(done) }()
+	f.stopRun = func() { cancel(); <-done }
+}
+
+func (f *fleetRepo) stopHub() {
+	f.stopRun()
+	f.tunnel.stop()
+}
+
+// restartHub replaces the hub with a new one on the same address.
+func (f *fleetRepo) restartHub() {
+	f.stopHub()
+	l, err := net.Listen("tcp", f.tunnel.addr)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.startHub(l)
 }
 
 func newFleetRepo(t *testing.T, tenant string) *fleetRepo {
@@ -132,27 +170,13 @@ func newFleetRepo(t *testing.T, tenant string) *fleetRepo {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hb, err := fhub.New(fhub.Options{Client: hub(), Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids}), Log: h.log.logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.desired = hb
-	h.opts = tunnel.Options{Client: hub(), Desired: hb, OnStatus: hb.OnStatus, Liveness: fast, AllowInsecureLoopback: true, Log: h.log.logger()}
-	h.serve(l)
-	t.Cleanup(h.stop)
-	hb.Attach(h.srv)
-	f.tunnel = h
+	f.ids = ids
 	if f.notes, err = gitnotes.New(gitnotes.Options{URL: f.repo.URL()}); err != nil {
 		t.Fatal(err)
 	}
-	f.src, err = hb.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: f.repo.URL(), Branch: "main"}, Tenant: tenant, Namespace: f.ns, Statuses: f.notes, Poll: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { f.src.Run(runCtx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	f.tunnel = h
+	f.startHub(l)
+	t.Cleanup(f.stopHub)
 	return f
 }
 
@@ -279,6 +303,27 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		for _, cq := range cqs.Items {
 			if p, _, _ := unstructured.NestedString(cq.Object, "spec", "stopPolicy"); p != "Hold" {
 				t.Fatalf("ClusterQueue %s has stopPolicy %q after the cordon", cq.GetName(), p)
+			}
+		}
+	})
+
+	t.Run("a restarted hub converges without posting again", func(t *testing.T) {
+		head := f.repo.Head("main")
+		before, err := f.notes.Read(t.Context(), head)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.restartHub()
+		eventually(t, "the agent back on the new hub", func() (bool, string) { return f.tunnel.srv.Connected(v.Cluster.Identity), "" })
+		f.waitStatus(head, "flotilla/gpu-a", status.Success, "ready")
+		f.waitStatus(head, "flotilla/fleet", status.Failure, "invalid")
+		after, err := f.notes.Read(t.Context(), head)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, e := range before.Statuses {
+			if a := after.Statuses[name]; a.Count != e.Count || a.State != e.State {
+				t.Errorf("%s: %d statuses (%s) before the restart, %d (%s) after", name, e.Count, e.State, a.Count, a.State)
 			}
 		}
 	})
