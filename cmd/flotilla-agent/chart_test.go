@@ -1,0 +1,286 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// The chart cannot be rendered here (no helm), so these tests read its files as text. The
+// RBAC templates are kept to the few template expressions renderRBAC knows; one it does
+// not know fails the tests rather than being guessed at.
+
+const chartDir = "../../charts/flotilla-agent"
+
+func readChart(t *testing.T, name string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(chartDir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+var templateComment = regexp.MustCompile(`(?s)\{\{- /\*.*?\*/ -\}\}\n?`)
+
+// renderRBAC renders an RBAC template of the chart for a release named flotilla-agent in
+// namespace with the chart's default values, and decodes its documents.
+func renderRBAC(t *testing.T, name, namespace string) []map[string]any {
+	t.Helper()
+	text := templateComment.ReplaceAllString(readChart(t, filepath.Join("templates", name)), "")
+	text = strings.NewReplacer(
+		`{{- include "flotilla-agent.labels" . | nindent 4 }}`, `app.kubernetes.io/name: flotilla-agent`,
+		`{{ include "flotilla-agent.fullname" . }}`, "flotilla-agent",
+		`{{ .Release.Namespace }}`, namespace,
+		`{{ .Values.agent.credentialSecret | quote }}`, `"`+defaultCredentialSecret+`"`,
+	).Replace(text)
+	if i := strings.Index(text, "{{"); i >= 0 {
+		t.Fatalf("templates/%s: a template expression the test does not know: %.60s", name, text[i:])
+	}
+	var docs []map[string]any
+	for _, doc := range strings.Split(text, "\n---\n") {
+		var m map[string]any
+		if err := yaml.UnmarshalStrict([]byte(doc), &m); err != nil {
+			t.Fatalf("templates/%s: %v", name, err)
+		}
+		docs = append(docs, m)
+	}
+	return docs
+}
+
+// decodeInto converts a decoded document into a typed object, strictly.
+func decodeInto(t *testing.T, doc map[string]any, out any) {
+	t.Helper()
+	data, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(data, out); err != nil {
+		t.Fatalf("%s: %v", doc["kind"], err)
+	}
+}
+
+// grant is one thing a rule allows.
+type grant struct{ group, resource, verb, name string }
+
+func grants(rules []rbacv1.PolicyRule) []grant {
+	var out []grant
+	for _, r := range rules {
+		names := r.ResourceNames
+		if len(names) == 0 {
+			names = []string{"*"}
+		}
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					for _, n := range names {
+						out = append(out, grant{g, res, v, n})
+					}
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b grant) int {
+		return strings.Compare(a.group+"/"+a.resource+"/"+a.verb+"/"+a.name, b.group+"/"+b.resource+"/"+b.verb+"/"+b.name)
+	})
+	return out
+}
+
+// appliersRole is the ClusterRole that agent/apply documents, and tests, as what applying
+// and pruning need.
+func appliersRole(t *testing.T) *rbacv1.ClusterRole {
+	t.Helper()
+	doc, err := os.ReadFile("../../agent/apply/RBAC.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := bytes.Cut(doc, []byte("```yaml\n"))
+	if ok {
+		block, _, ok = bytes.Cut(block, []byte("```"))
+	}
+	if !ok {
+		t.Fatal("agent/apply/RBAC.md has no yaml block")
+	}
+	role := &rbacv1.ClusterRole{}
+	if err := yaml.UnmarshalStrict(block, role); err != nil {
+		t.Fatalf("agent/apply/RBAC.md: %v", err)
+	}
+	return role
+}
+
+func TestChartClusterRoleIsExactlyWhatTheAgentUses(t *testing.T) {
+	docs := renderRBAC(t, "clusterrole.yaml", "flotilla-system")
+	if len(docs) != 2 {
+		t.Fatalf("clusterrole.yaml holds %d objects, want a ClusterRole and its binding", len(docs))
+	}
+	var role rbacv1.ClusterRole
+	var binding rbacv1.ClusterRoleBinding
+	decodeInto(t, docs[0], &role)
+	decodeInto(t, docs[1], &binding)
+
+	// The applier's rules, plus the inventory's list of nodes: nothing else.
+	want := append(appliersRole(t).Rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list"}})
+	if got, want := grants(role.Rules), grants(want); !slices.Equal(got, want) {
+		t.Errorf("the chart's ClusterRole grants\n%v\nwant\n%v", got, want)
+	}
+	for _, g := range grants(role.Rules) {
+		if g.resource == "secrets" || g.verb == "*" || g.resource == "*" || g.verb == "watch" || g.verb == "update" {
+			t.Errorf("the ClusterRole grants %+v", g)
+		}
+	}
+	if binding.RoleRef.Name != role.Name || binding.RoleRef.Kind != "ClusterRole" ||
+		!slices.Equal(binding.Subjects, []rbacv1.Subject{{Kind: "ServiceAccount", Name: "flotilla-agent", Namespace: "flotilla-system"}}) {
+		t.Errorf("the ClusterRoleBinding binds %+v to %+v", binding.RoleRef, binding.Subjects)
+	}
+}
+
+func TestChartRoleGrantsTheCredentialSecretOnly(t *testing.T) {
+	docs := renderRBAC(t, "role.yaml", "flotilla-system")
+	if len(docs) != 2 {
+		t.Fatalf("role.yaml holds %d objects, want a Role and its binding", len(docs))
+	}
+	var role rbacv1.Role
+	var binding rbacv1.RoleBinding
+	decodeInto(t, docs[0], &role)
+	decodeInto(t, docs[1], &binding)
+	want := []grant{
+		{"", "secrets", "create", defaultCredentialSecret},
+		{"", "secrets", "get", defaultCredentialSecret},
+		{"", "secrets", "patch", defaultCredentialSecret},
+	}
+	if got := grants(role.Rules); !slices.Equal(got, want) {
+		t.Errorf("the chart's Role grants %v, want %v", got, want)
+	}
+	if role.Namespace != "flotilla-system" || binding.Namespace != "flotilla-system" || binding.RoleRef.Name != role.Name {
+		t.Errorf("Role %s/%s, RoleBinding %s/%s to %s", role.Namespace, role.Name, binding.Namespace, binding.Name, binding.RoleRef.Name)
+	}
+}
+
+// chartValues is the chart's values.yaml.
+func chartValues(t *testing.T) map[string]any {
+	t.Helper()
+	var v map[string]any
+	if err := yaml.Unmarshal([]byte(readChart(t, "values.yaml")), &v); err != nil {
+		t.Fatalf("values.yaml: %v", err)
+	}
+	return v
+}
+
+func TestChartValuesAreTheAgentsSettings(t *testing.T) {
+	v := chartValues(t)
+	// The handover names, exactly as `flotilla cluster add` writes them.
+	for section, keys := range map[string][]string{
+		"hub":        {"url"},
+		"cluster":    {"identity", "name", "tenant"},
+		"enrollment": {"token"},
+	} {
+		m, _ := v[section].(map[string]any)
+		got := sortedKeys(m)
+		if !slices.Equal(got, keys) {
+			t.Errorf("values.yaml %s has %v, want %v", section, got, keys)
+		}
+	}
+	// Every agent.* option is one the agent reads. agent.namespace is not among them:
+	// the chart runs the agent in the release's namespace.
+	agentKeys := sortedKeys(v["agent"].(map[string]any))
+	want := slices.DeleteFunc(slices.Clone(valueKeys("agent")), func(k string) bool { return k == "namespace" })
+	slices.Sort(want)
+	if !slices.Equal(agentKeys, want) {
+		t.Errorf("values.yaml agent has %v, want %v", agentKeys, want)
+	}
+
+	// What the ConfigMap template renders (hub, cluster and agent, as toYaml would), with
+	// the handover filled in, is a values file the agent accepts.
+	hub := map[string]any{"url": "wss://hub.example.com"}
+	cluster := map[string]any{"tenant": "acme", "name": "gpu-a", "identity": "4-acme-gpu-a"}
+	rendered, err := yaml.Marshal(map[string]any{"hub": hub, "cluster": cluster, "agent": v["agent"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfg, _, stderr, code := invoke(t, nil, "--values", writeFile(t, dir, "values.yaml", string(rendered)))
+	if code != 0 {
+		t.Fatalf("the agent refuses the chart's rendered settings:\n%s\n%s", rendered, stderr)
+	}
+	if cfg.CredentialSecret != defaultCredentialSecret || cfg.Listen != defaultListen {
+		t.Errorf("the chart's defaults give credential Secret %q and listen %q", cfg.CredentialSecret, cfg.Listen)
+	}
+}
+
+func TestChartSchemaRequiresTheHandover(t *testing.T) {
+	var schema struct {
+		Required   []string `json:"required"`
+		Properties map[string]struct {
+			Required             []string                   `json:"required"`
+			AdditionalProperties *bool                      `json:"additionalProperties"`
+			Properties           map[string]json.RawMessage `json:"properties"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal([]byte(readChart(t, "values.schema.json")), &schema); err != nil {
+		t.Fatalf("values.schema.json: %v", err)
+	}
+	if !slices.Contains(schema.Required, "hub") || !slices.Contains(schema.Required, "cluster") ||
+		!slices.Equal(schema.Properties["hub"].Required, []string{"url"}) ||
+		!slices.Equal(schema.Properties["cluster"].Required, []string{"identity"}) {
+		t.Errorf("values.schema.json does not require hub.url and cluster.identity")
+	}
+	v := chartValues(t)
+	if got, want := sortedKeys(schema.Properties), sortedKeys(v); !slices.Equal(got, want) {
+		t.Errorf("values.schema.json describes %v; values.yaml has %v", got, want)
+	}
+	for _, section := range []string{"hub", "cluster", "enrollment", "agent"} {
+		p := schema.Properties[section]
+		if p.AdditionalProperties == nil || *p.AdditionalProperties {
+			t.Errorf("values.schema.json lets %s take unknown settings, which the agent would refuse", section)
+		}
+		if got, want := sortedKeys(p.Properties), sortedKeys(v[section].(map[string]any)); !slices.Equal(got, want) {
+			t.Errorf("values.schema.json %s describes %v; values.yaml has %v", section, got, want)
+		}
+	}
+}
+
+func TestChartDeploymentIsLockedDown(t *testing.T) {
+	deployment := readChart(t, "templates/deployment.yaml")
+	for _, want := range []string{
+		"replicas: 1",
+		"type: Recreate",
+		"runAsNonRoot: true",
+		"readOnlyRootFilesystem: true",
+		"allowPrivilegeEscalation: false",
+		"drop: [ALL]",
+		"path: /healthz",
+		"path: /readyz",
+		"fieldPath: metadata.namespace",
+		"name: " + namespaceEnv,
+		"--values=/etc/flotilla-agent/values.yaml",
+		"--enrollment-token-file=/var/run/secrets/flotilla-agent/enrollment/token",
+		"defaultMode: 256", // 0400
+	} {
+		if !strings.Contains(deployment, want) {
+			t.Errorf("templates/deployment.yaml lacks %q", want)
+		}
+	}
+	if c := readChart(t, "templates/configmap.yaml"); strings.Contains(c, ".Values.enrollment") || !strings.Contains(c, `dict "hub" .Values.hub "cluster" .Values.cluster "agent" .Values.agent`) {
+		t.Errorf("templates/configmap.yaml must render hub, cluster and agent, and never the enrollment token:\n%s", c)
+	}
+	if s := readChart(t, "templates/secret.yaml"); !strings.Contains(s, "token: {{ .Values.enrollment.token | b64enc | quote }}") {
+		t.Errorf("templates/secret.yaml does not hold the token under key token:\n%s", s)
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+)
+
+// Defaults of the settings that have one.
+const (
+	defaultNamespace        = "flotilla-system"
+	defaultCredentialSecret = "flotilla-agent-credential"
+	defaultListen           = ":8080"
+	namespaceEnv            = "POD_NAMESPACE"
+	kubeconfigEnv           = "KUBECONFIG"
+)
+
+// defaultHeartbeat is the interval of the agent's pings; the peer is declared dead after
+// three intervals of silence, as protocol.DefaultLiveness does.
+var defaultHeartbeat = protocol.DefaultLiveness.Interval
+
+// minHeartbeat keeps an operator from making the agent ping the hub in a busy loop.
+const minHeartbeat = time.Second
+
+// config is everything the agent runs with, checked.
+type config struct {
+	HubURL   string
+	Tenant   string
+	Cluster  string
+	Identity string
+	// EnrollmentToken is empty when none is configured: an agent that already holds a
+	// credential does not need it.
+	EnrollmentToken  protocol.Secret
+	Namespace        string
+	CredentialSecret string
+	// RootCAs verify the hub's certificate; nil means the system's roots.
+	RootCAs    *x509.CertPool
+	Liveness   protocol.Liveness
+	DCGMURL    string
+	Listen     string
+	Kubeconfig string
+	LogLevel   slog.Level
+}
+
+// flagValues are the command line's settings; changed tells which were given.
+type flagValues struct {
+	values                string
+	hubURL                string
+	identity              string
+	namespace             string
+	credentialSecret      string
+	caBundle              string
+	heartbeat             time.Duration
+	dcgmURL               string
+	listen                string
+	kubeconfig            string
+	tokenFile             string
+	logLevel              string
+	allowInsecureLoopback bool
+}
+
+// source is where a setting's value came from, for messages.
+type source struct {
+	value string
+	from  string // "values.yaml:3 (hub.url)", "--hub-url", or "" for a default
+	// dir resolves a relative path the value names: the values file's directory for
+	// values from the file, the working directory otherwise.
+	dir string
+}
+
+func (s source) String() string {
+	if s.from == "" {
+		return "the default"
+	}
+	return s.from
+}
+
+// loadConfig merges the values file, the flags and the environment: a flag that was given
+// wins over the values file, which wins over the default. Every problem found is
+// reported, not only the first; none of the messages repeats the enrollment token.
+func loadConfig(fv flagValues, changed func(flag string) bool, getenv func(string) string) (*config, error) {
+	vals := values{}
+	valuesDir := "."
+	if fv.values != "" {
+		data, err := os.ReadFile(fv.values)
+		if err != nil {
+			return nil, fmt.Errorf("reading the values file: %w", err)
+		}
+		if vals, err = parseValues(fv.values, data); err != nil {
+			return nil, err
+		}
+		valuesDir = filepath.Dir(fv.values)
+	}
+	pick := func(flag, key, flagValue, def string) source {
+		if changed(flag) {
+			return source{value: flagValue, from: "--" + flag, dir: "."}
+		}
+		if s, ok := vals[key]; ok {
+			return source{value: s.value, from: s.where() + " (" + key + ")", dir: valuesDir}
+		}
+		return source{value: def}
+	}
+
+	var errs []error
+	fail := func(s source, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", s, fmt.Sprintf(format, args...)))
+	}
+	cfg := &config{Kubeconfig: fv.kubeconfig}
+
+	hub := pick("hub-url", "hub.url", fv.hubURL, "")
+	if hub.value == "" {
+		errs = append(errs, errors.New("hub.url is required: the hub's wss:// address (set it in the values file or with --hub-url)"))
+	} else if u, err := checkHubURL(hub.value, fv.allowInsecureLoopback); err != nil {
+		fail(hub, "%v", err)
+	} else {
+		cfg.HubURL = u
+	}
+
+	id := pick("identity", "cluster.identity", fv.identity, "")
+	if id.value == "" {
+		errs = append(errs, errors.New("cluster.identity is required: the worker's identity as `flotilla cluster add` printed it (set it in the values file or with --identity)"))
+	} else if msgs := validation.IsValidLabelValue(id.value); len(msgs) > 0 {
+		fail(id, "identity %q is not a label value: %s", id.value, strings.Join(msgs, "; "))
+	} else {
+		cfg.Identity = id.value
+	}
+	for _, s := range []struct {
+		key string
+		out *string
+	}{{"cluster.tenant", &cfg.Tenant}, {"cluster.name", &cfg.Cluster}} {
+		v, ok := vals[s.key]
+		if !ok {
+			continue
+		}
+		src := source{value: v.value, from: v.where() + " (" + s.key + ")"}
+		if msgs := validation.IsDNS1123Label(v.value); len(msgs) > 0 {
+			fail(src, "%q is not a DNS label: %s", v.value, strings.Join(msgs, "; "))
+			continue
+		}
+		*s.out = v.value
+	}
+
+	nsDefault := cmp.Or(getenv(namespaceEnv), defaultNamespace)
+	ns := pick("namespace", "agent.namespace", fv.namespace, nsDefault)
+	if msgs := validation.IsDNS1123Label(ns.value); len(msgs) > 0 {
+		fail(ns, "namespace %q is not a namespace name: %s", ns.value, strings.Join(msgs, "; "))
+	}
+	cfg.Namespace = ns.value
+
+	sec := pick("credential-secret", "agent.credentialSecret", fv.credentialSecret, defaultCredentialSecret)
+	if msgs := validation.IsDNS1123Subdomain(sec.value); len(msgs) > 0 {
+		fail(sec, "credential Secret name %q is not a Secret name: %s", sec.value, strings.Join(msgs, "; "))
+	}
+	cfg.CredentialSecret = sec.value
+
+	if ca := pick("ca-bundle", "agent.caBundle", fv.caBundle, ""); ca.value != "" {
+		pool, err := loadCABundle(ca)
+		if err != nil {
+			fail(ca, "%v", err)
+		}
+		cfg.RootCAs = pool
+	}
+
+	hb := pick("heartbeat", "agent.heartbeat", fv.heartbeat.String(), defaultHeartbeat.String())
+	if d, err := time.ParseDuration(hb.value); err != nil {
+		fail(hb, "heartbeat %q is not a duration such as 10s", hb.value)
+	} else if d < minHeartbeat {
+		fail(hb, "heartbeat %s is shorter than %s", d, minHeartbeat)
+	} else {
+		cfg.Liveness = protocol.Liveness{Interval: d, Timeout: 3 * d}
+	}
+
+	if dcgm := pick("dcgm-url", "agent.dcgmURL", fv.dcgmURL, ""); dcgm.value != "" {
+		// The URL itself is never repeated: it may carry credentials.
+		if u, err := url.Parse(dcgm.value); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			fail(dcgm, "the DCGM exporter URL is not an absolute http or https URL")
+		} else {
+			cfg.DCGMURL = dcgm.value
+		}
+	}
+
+	listen := pick("listen", "agent.listen", fv.listen, defaultListen)
+	if _, port, err := net.SplitHostPort(listen.value); err != nil {
+		fail(listen, "listen address %q is not host:port: %v", listen.value, err)
+	} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		fail(listen, "listen address %q has no port number", listen.value)
+	}
+	cfg.Listen = listen.value
+
+	lvl := pick("log-level", "agent.logLevel", fv.logLevel, "info")
+	if err := cfg.LogLevel.UnmarshalText([]byte(lvl.value)); err != nil {
+		fail(lvl, "log level %q is not one of debug, info, warn, error", lvl.value)
+	}
+
+	tok, err := enrollmentToken(fv, changed, vals)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	cfg.EnrollmentToken = tok
+
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// enrollmentToken reads the token from --enrollment-token-file, else from the values
+// file. It has no flag of its own: a flag's value shows in every process listing.
+func enrollmentToken(fv flagValues, changed func(string) bool, vals values) (protocol.Secret, error) {
+	var tok, from string
+	switch s, ok := vals[tokenKey]; {
+	case changed("enrollment-token-file"):
+		data, err := os.ReadFile(fv.tokenFile)
+		if err != nil {
+			// The path error names the file, never its content.
+			return "", fmt.Errorf("reading the enrollment token: %w", err)
+		}
+		tok, from = strings.TrimSpace(string(data)), fv.tokenFile
+		if tok == "" {
+			return "", fmt.Errorf("%s: the enrollment token file is empty", from)
+		}
+	case ok:
+		tok, from = s.value, s.where()+" ("+tokenKey+")"
+	default:
+		return "", nil
+	}
+	for _, r := range tok {
+		// The token travels in an HTTP header; a token with anything else in it was
+		// mangled on its way here.
+		if r <= ' ' || r > '~' {
+			return "", fmt.Errorf("%s: the enrollment token holds a character a token never has (whitespace, control or non-ASCII); copy it again from the values file `flotilla cluster add` wrote", from)
+		}
+	}
+	return protocol.Secret(tok), nil
+}
+
+// checkHubURL returns the hub's base URL, without a trailing slash, or says why it is
+// refused. Only wss:// is accepted: the tunnel carries the agent's secret and the
+// worker's desired state. ws:// is accepted only to a loopback host and only when asked
+// for, for a hub and an agent on one machine.
+func checkHubURL(raw string, allowInsecureLoopback bool) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Opaque != "" {
+		return "", errors.New("the hub URL is not a URL such as wss://hub.example.com")
+	}
+	if u.User != nil {
+		return "", fmt.Errorf("hub URL %q carries credentials; the agent authenticates with its enrollment token and credential only", u.Redacted())
+	}
+	shown := u.Redacted()
+	switch u.Scheme {
+	case "wss":
+	case "ws":
+		switch {
+		case !isLoopback(u.Hostname()):
+			return "", fmt.Errorf("hub URL %q is unencrypted ws://; the hub must be wss:// (ws:// is allowed only to a loopback host)", shown)
+		case !allowInsecureLoopback:
+			return "", fmt.Errorf("hub URL %q is unencrypted ws://; the hub must be wss://, or pass --allow-insecure-loopback for a hub on this machine", shown)
+		}
+	default:
+		return "", fmt.Errorf("hub URL %q must be a wss:// URL", shown)
+	}
+	switch {
+	case u.Host == "" || u.Hostname() == "":
+		return "", fmt.Errorf("hub URL %q has no host", shown)
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return "", fmt.Errorf("hub URL %q must have no query or fragment", shown)
+	}
+	return strings.TrimRight(u.String(), "/"), nil
+}
+
+// isLoopback reports whether host is this machine by name or address. The name is not
+// resolved: only "localhost" itself counts.
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// loadCABundle reads PEM certificates: the value itself when it is PEM (the chart passes
+// the bundle inline), else the file it names.
+func loadCABundle(s source) (*x509.CertPool, error) {
+	pemData := []byte(s.value)
+	name := "the inline CA bundle"
+	if !bytes.Contains(pemData, []byte("-----BEGIN")) {
+		path := s.value
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(s.dir, path)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("reading the CA bundle: %w", err)
+		}
+		pemData, name = data, path
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pemData) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", name)
+	}
+	return pool, nil
+}
