@@ -7,8 +7,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
 // Reasons the hub sets on conditions.

@@ -585,4 +585,3 @@ func (s *Source) post(ctx context.Context, commit string, st status.Status) {
 		s.log.Error("posting a commit status", "context", st.Context, "commit", commit, "error", err)
 	}
 }
-

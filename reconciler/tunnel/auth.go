@@ -41,7 +41,9 @@ type refusal struct {
 
 func (r *refusal) Error() string { return r.Reason }
 
-func refuse(reason, fingerprint string) error { return &refusal{Reason: reason, Fingerprint: fingerprint} }
+func refuse(reason, fingerprint string) error {
+	return &refusal{Reason: reason, Fingerprint: fingerprint}
+}
 
 // fingerprintOf names a presented secret in logs without revealing it; for something
 // that is not even token-shaped there is nothing worth naming.

@@ -60,7 +60,7 @@ type Options struct {
 	// the hub can sum the conditions up and report them.
 	OnStatus func(ctx context.Context, key client.ObjectKey)
 	Log      *slog.Logger
-	Now              func() time.Time
+	Now      func() time.Time
 }
 
 // Server serves agents' tunnels. Use it as the handler of protocol.Path.

@@ -74,7 +74,7 @@ type Server struct {
 	// Store keeps the statuses, one record per job; see All for their current fields.
 	Store *forge.Store
 
-	mu      sync.Mutex
+	mu sync.Mutex
 	// jobs is what GitLab keeps of a job beyond a forge.Record, and the fields an update
 	// in place changed since the Store recorded it. Records the Store got directly (Add,
 	// Fill) have no entry: they are jobs on DefaultBranch as recorded.
