@@ -18,12 +18,13 @@ import (
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
-func newClusterCommand() *cobra.Command {
+func newClusterCommand(hub *hubFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cluster",
-		Short: "Add worker clusters to a fleet repository and rotate their tokens",
+		Short: "Change a fleet's worker clusters, and see them on the hub",
 	}
-	cmd.AddCommand(newClusterAddCommand(), newClusterRotateTokenCommand())
+	cmd.AddCommand(newClusterAddCommand(), newClusterRotateTokenCommand(), newClusterCordonCommand(), newClusterRemoveCommand(),
+		newClusterListCommand(hub), newClusterStatusCommand(hub))
 	return cmd
 }
 

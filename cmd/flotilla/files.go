@@ -48,9 +48,14 @@ func yamlScalar(s string) string {
 }
 
 // setScalar replaces the one-line scalar at path (mapping keys, or "0" for a sequence
-// index) in a YAML document, keeping every other byte: comments and layout of a template
-// survive the edit.
+// index) in a YAML document with the string value, keeping every other byte: comments and
+// layout of a template survive the edit.
 func setScalar(data []byte, value string, path ...string) ([]byte, error) {
+	return setRawScalar(data, yamlScalar(value), path...)
+}
+
+// setRawScalar is setScalar with the value spelt by the caller, e.g. an unquoted true.
+func setRawScalar(data []byte, raw string, path ...string) ([]byte, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, err
@@ -89,10 +94,10 @@ func setScalar(data []byte, value string, path ...string) ([]byte, error) {
 	line := lines[n.Line-1]
 	start := n.Column - 1
 	end := len(bytes.TrimRight(line, "\r\n"))
-	// A trailing comment on the line stays.
+	// A trailing comment on the line stays, and so does the space before it.
 	if i := bytes.Index(line[start:end], []byte(" #")); i >= 0 {
-		end = start + i
+		end = start + len(bytes.TrimRight(line[start:start+i], " \t"))
 	}
-	lines[n.Line-1] = append(append(append([]byte{}, line[:start]...), yamlScalar(value)...), line[end:]...)
+	lines[n.Line-1] = append(append(append([]byte{}, line[:start]...), raw...), line[end:]...)
 	return bytes.Join(lines, nil), nil
 }

@@ -38,15 +38,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "flotilla",
-		Short: "Work with a flotilla fleet repository",
-		Long: "flotilla creates and validates a fleet repository of GPU worker clusters, adds\n" +
-			"clusters with their enrollment tokens, and renders the Kueue objects the hub sends\n" +
-			"to each of them.",
+		Short: "Work with a flotilla fleet repository and see its clusters on the hub",
+		Long: "flotilla creates and validates a fleet repository of GPU worker clusters, adds,\n" +
+			"cordons and removes clusters, and renders the Kueue objects the hub sends to each of\n" +
+			"them. With the hub's kubeconfig it shows what the hub knows of every cluster.",
 		Version:       version.String("flotilla"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.AddCommand(newValidateCommand(), newRenderCommand(), newFleetCommand(), newClusterCommand(), newStatusCommand())
+	// kubectl's flags, before or after the subcommand, for the commands that read the hub.
+	var hub hubFlags
+	hub.register(root.PersistentFlags())
+	root.AddCommand(newValidateCommand(), newRenderCommand(), newFleetCommand(), newClusterCommand(&hub), newStatusCommand(), newDeviceCommand(&hub))
 	return root
 }

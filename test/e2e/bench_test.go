@@ -255,3 +255,79 @@ func simDial(url, id, cred string) (*protocol.Conn, error) {
 	conn := protocol.NewConn(st)
 	return conn, conn.Send(protocol.TypeHello, &protocol.Hello{Identity: id, AgentVersion: "simulated"})
 }
+
+// BenchmarkAgentIdleRSS runs the real flotilla-agent binary against a hub and a worker,
+// lets it enroll and apply the template's cluster, and reports its resident memory
+// while idle: the figure a worker's administrator sizes the agent's Pod by.
+func BenchmarkAgentIdleRSS(b *testing.B) {
+	c := newCase(b, "rss")
+	h := startHub(b, c, nil)
+	bin := builtBinary(b, "flotilla-agent")
+	dir := b.TempDir()
+	kubeconfig := dir + "/worker.kubeconfig"
+	if err := os.WriteFile(kubeconfig, planes[1].KubeConfig, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	valuesFile := dir + "/values.yaml"
+	values := fmt.Sprintf("hub:\n  url: %s\ncluster:\n  tenant: example\n  name: %s\n  identity: %s\nenrollment:\n  token: %s\n", h.url(), "example-us-central1", c.identity, c.token.Reveal())
+	if err := os.WriteFile(valuesFile, []byte(values), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	free, err := listenLoopback()
+	if err != nil {
+		b.Fatal(err)
+	}
+	listen := free.Addr().String()
+	_ = free.Close()
+	cmd := exec.Command(bin, "--values", valuesFile, "--kubeconfig", kubeconfig, "--namespace", c.agentNS, "--allow-insecure-loopback", "--listen", listen, "--heartbeat", "1s")
+	cmd.Env = append(os.Environ(), os.Getenv("FLOTILLA_BENCH_AGENT_ENV"))
+	agentLog := &logBuffer{}
+	cmd.Stderr = agentLog
+	defer func() {
+		if b.Failed() {
+			b.Log(agentLog.String())
+		}
+	}()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		wc := c.wc()
+		if cond := condition(wc, v1alpha1.ConditionWorkerConfigured); cond != nil && cond.Status == metav1.ConditionTrue && wc.Status.AppliedHash == c.state.Hash {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("the agent did not apply the desired state in time")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var peak, anon int64
+	for b.Loop() {
+		// Idle: one heartbeat interval with nothing to apply.
+		time.Sleep(time.Second)
+		if rss := procStatus(b, cmd.Process.Pid, "VmRSS:"); rss > peak {
+			peak, anon = rss, procStatus(b, cmd.Process.Pid, "RssAnon:")
+		}
+	}
+	b.ReportMetric(float64(peak)/1024, "MiB-rss")
+	// Anonymous memory (heap, stacks) apart from the binary's own pages.
+	b.ReportMetric(float64(anon)/1024, "MiB-anon")
+}
+
+// procStatus reads a size in KiB from a process's /proc status.
+func procStatus(b *testing.B, pid int, field string) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, field); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return n
+		}
+	}
+	b.Fatal("no " + field)
+	return 0
+}

@@ -123,7 +123,7 @@ func rendered(t testing.TB, generation int64, edit func([]*unstructured.Unstruct
 // fleetCase is one enrolled worker: its WorkerCluster on the hub, its token, and the
 // namespaces its agent uses on the worker.
 type fleetCase struct {
-	t        *testing.T
+	t        testing.TB
 	name     string
 	ns       string // tenant namespace on the hub
 	identity string
@@ -136,7 +136,7 @@ type fleetCase struct {
 
 // newCase creates the WorkerCluster a fleet repository with the template's example
 // cluster would give, with a fresh enrollment token.
-func newCase(t *testing.T, name string) *fleetCase {
+func newCase(t testing.TB, name string) *fleetCase {
 	t.Helper()
 	ctx := t.Context()
 	f := fleet.Load(fleetgen.Template())
@@ -206,7 +206,7 @@ type hubServer struct {
 	closed chan struct{}
 }
 
-func startHub(t *testing.T, c *fleetCase, mod func(*tunnel.Options)) *hubServer {
+func startHub(t testing.TB, c *fleetCase, mod func(*tunnel.Options)) *hubServer {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -293,7 +293,7 @@ func runAgent(t *testing.T, c *fleetCase, h *hubServer, withToken bool, mod func
 }
 
 // eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
+func eventually(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(45 * time.Second)
 	last := ""

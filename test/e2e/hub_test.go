@@ -38,7 +38,7 @@ var (
 )
 
 // builtBinary builds one of the commands once per test process.
-func builtBinary(t *testing.T, name string) string {
+func builtBinary(t testing.TB, name string) string {
 	t.Helper()
 	buildMu.Lock()
 	defer buildMu.Unlock()
