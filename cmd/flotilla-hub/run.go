@@ -35,6 +35,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/hub"
+	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
@@ -69,7 +70,9 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg, c)
-	h, err := hub.New(hub.Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Log: log, OnSync: m.observeSync})
+	plans := plan.NewStore(0)
+	h, err := hub.New(hub.Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Log: log, OnSync: m.observeSync,
+		Plans: plans, PublicURL: cfg.PublicURL})
 	if err != nil {
 		return err
 	}
@@ -114,6 +117,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle(plan.PathPrefix, plans)
 	httpSrv := &http.Server{Addr: cfg.Listen.HTTP, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- httpSrv.ListenAndServe() }()

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"path"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,6 +33,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource/status"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/render"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
@@ -49,6 +51,12 @@ type Options struct {
 	Log       *slog.Logger
 	// OnSync, when set, learns how long each sync of a source took, for metrics.
 	OnSync func(source string, took time.Duration, err error)
+	// Plans, when set, keeps the plans of open pull requests: each gets a
+	// <prefix>/plan status on its head, and the store serves the plan pages.
+	Plans *plan.Store
+	// PublicURL is the hub's HTTP address as people reach it, for plan statuses'
+	// target URLs; empty posts plans without one.
+	PublicURL string
 	// StaleAfter is how long after its first sync a hub waits for the agents a previous
 	// hub had connected before it records the missing ones as disconnected. Default 1
 	// minute; it should exceed the agents' redial backoff.
@@ -117,6 +125,9 @@ type SourceOptions struct {
 	Statuses status.Backend
 	// Poll is the interval between fetches when no webhook arrives. Default 1 minute.
 	Poll time.Duration
+	// OpenPullRequests says which pull requests are open, as the forge knows; nil
+	// plans every pull-request ref the repository has.
+	OpenPullRequests func(number int) bool
 }
 
 // Source is one followed fleet repository.
@@ -185,8 +196,54 @@ func (s *Source) Trigger() { s.poller.Trigger() }
 // Run syncs at once, then on every trigger and poll, until ctx ends.
 func (s *Source) Run(ctx context.Context) { s.poller.Run(ctx) }
 
-// Sync fetches the branch and reconciles what its new head changed.
+// Sync fetches the branch and reconciles what its new head changed, then plans the
+// pull requests whose heads are new.
 func (s *Source) Sync(ctx context.Context) error {
+	err := s.syncBranch(ctx)
+	s.syncPlans(ctx)
+	return err
+}
+
+// syncPlans validates and renders each open pull request's head once, posting its
+// plan; it never changes anything on a worker.
+func (s *Source) syncPlans(ctx context.Context) {
+	store := s.hub.opts.Plans
+	if store == nil {
+		return
+	}
+	prs, err := s.git.PullRequests(ctx, s.opts.OpenPullRequests)
+	if err != nil {
+		s.log.Error("reading pull requests", "error", err)
+		return
+	}
+	for _, pr := range prs {
+		head := pr.Head.String()
+		if _, done := store.Get(head); done {
+			continue
+		}
+		p, err := plan.Compute(ctx, pr, s.hub.renderer)
+		if err != nil {
+			s.log.Error("planning a pull request", "ref", pr.Ref, "error", err)
+			s.post(ctx, head, status.Status{Context: plan.Context(s.prefixNow()), State: status.Error, Description: "the hub could not plan this pull request"})
+			continue
+		}
+		store.Put(p)
+		url := ""
+		if s.hub.opts.PublicURL != "" {
+			url = strings.TrimSuffix(s.hub.opts.PublicURL, "/") + plan.Path(head)
+		}
+		s.log.Info("planned a pull request", "ref", pr.Ref, "commit", head, "summary", p.Summary())
+		s.post(ctx, head, p.Status(s.prefixNow(), url))
+	}
+}
+
+func (s *Source) prefixNow() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prefix
+}
+
+func (s *Source) syncBranch(ctx context.Context) error {
 	s.mu.Lock()
 	last := s.last
 	s.mu.Unlock()

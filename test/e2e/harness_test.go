@@ -255,7 +255,7 @@ func (h *hubServer) url() string { return "ws://" + h.addr }
 
 // runAgent runs an agent of the case against the hub until the returned stop is
 // called (or the test ends).
-func runAgent(t *testing.T, c *fleetCase, h *hubServer, withToken bool, mod func(*agent.Options)) (stop func(), log *logBuffer) {
+func runAgent(t testing.TB, c *fleetCase, h *hubServer, withToken bool, mod func(*agent.Options)) (stop func(), log *logBuffer) {
 	t.Helper()
 	log = &logBuffer{}
 	ap, err := apply.New(apply.Options{Client: worker(), Identity: c.identity})

@@ -1,10 +1,16 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +32,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	fhub "github.com/flotilla-gitops/flotilla/reconciler/hub"
+	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
@@ -59,7 +66,7 @@ func builtBinary(t testing.TB, name string) string {
 	return out
 }
 
-func cli(t *testing.T, args ...string) string {
+func cli(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(builtBinary(t, "flotilla"), args...).CombinedOutput()
 	if err != nil {
@@ -78,7 +85,7 @@ type values struct {
 }
 
 // readDir returns every file under dir/sub as repository paths.
-func readDir(t *testing.T, dir, sub string) map[string][]byte {
+func readDir(t testing.TB, dir, sub string) map[string][]byte {
 	t.Helper()
 	files := map[string][]byte{}
 	err := filepath.WalkDir(filepath.Join(dir, sub), func(p string, d fs.DirEntry, err error) error {
@@ -99,7 +106,7 @@ func readDir(t *testing.T, dir, sub string) map[string][]byte {
 // fleetRepo is a fleet repository made with the CLI, on the git server, with the hub
 // following it.
 type fleetRepo struct {
-	t       *testing.T
+	t       testing.TB
 	dir     string // the engineer's checkout, where the CLI writes
 	repo    *gitserver.Repo
 	src     *fhub.Source
@@ -109,13 +116,21 @@ type fleetRepo struct {
 	ns      string
 	ids     *secrets.Identities
 	stopRun func()
+
+	syncMu sync.Mutex
+	syncs  []time.Duration // how long each sync that found a new head took
 }
 
 // startHub starts a hub, with nothing in memory, following the repository and serving
 // tunnels on l.
 func (f *fleetRepo) startHub(l net.Listener) {
 	t, h := f.t, f.tunnel
-	hb, err := fhub.New(fhub.Options{Client: hub(), Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: f.ids}), Log: h.log.logger()})
+	hb, err := fhub.New(fhub.Options{Client: hub(), Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: f.ids}), Log: h.log.logger(), Plans: plan.NewStore(0),
+		OnSync: func(_ string, took time.Duration, _ error) {
+			f.syncMu.Lock()
+			f.syncs = append(f.syncs, took)
+			f.syncMu.Unlock()
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +162,7 @@ func (f *fleetRepo) restartHub() {
 	f.startHub(l)
 }
 
-func newFleetRepo(t *testing.T, tenant string) *fleetRepo {
+func newFleetRepo(t testing.TB, tenant string) *fleetRepo {
 	t.Helper()
 	ctx := t.Context()
 	id := sopstest.NewIdentity(t)
@@ -227,7 +242,7 @@ func (f *fleetRepo) startAgent(v values) func() {
 	return stop
 }
 
-func mustToken(t *testing.T, s string) secrets.Token {
+func mustToken(t testing.TB, s string) secrets.Token {
 	t.Helper()
 	tok, err := secrets.ParseToken(s)
 	if err != nil {
@@ -239,7 +254,14 @@ func mustToken(t *testing.T, s string) secrets.Token {
 func TestMergeTurnsTheCommitGreen(t *testing.T) {
 	f := newFleetRepo(t, "acme")
 	f.repo.Branch("main", "add-gpu-a")
-	v, _ := f.addCluster("add-gpu-a", "gpu-a")
+	v, branchHead := f.addCluster("add-gpu-a", "gpu-a")
+	// Before the merge: the pull request's plan, and nothing on a worker.
+	f.repo.SetRef("refs/pull/1/head", "add-gpu-a")
+	f.src.Trigger()
+	f.waitStatus(branchHead, "flotilla/plan", status.Success, "+1 cluster")
+	if err := hub().Get(t.Context(), types.NamespacedName{Namespace: f.ns, Name: "gpu-a"}, &v1alpha1.WorkerCluster{}); err == nil {
+		t.Fatal("a plan created the WorkerCluster")
+	}
 	began := time.Now()
 	merge := f.repo.Merge("main", "add-gpu-a", "Merge: add gpu-a")
 	f.src.Trigger()
@@ -351,4 +373,61 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 			t.Fatalf("the worker still has %d ClusterQueues of gpu-a (%v)", len(cqs.Items), err)
 		}
 	})
+}
+
+// BenchmarkPushToSuccess is what an engineer waits for: from the push of a merged
+// change to a connected cluster (a cordon toggled, so the agent has work to do) until
+// the commit shows success, with a signed webhook on loopback telling the hub. It also
+// reports the hub's time per reconciled cluster (one sync of that one change).
+func BenchmarkPushToSuccess(b *testing.B) {
+	f := newFleetRepo(b, "latency")
+	v, _ := f.addCluster("main", "gpu-l")
+	f.src.Trigger()
+	f.startAgent(v)
+	f.waitStatus(f.repo.Head("main"), "flotilla/gpu-l", status.Success, "ready")
+
+	secret := []byte("webhook-secret-for-the-benchmark")
+	wh := httptest.NewServer(gitsource.NewWebhookHandler(gitsource.WebhookOptions{Secret: secret, Trigger: func(gitsource.Forge, string) { f.src.Trigger() }}))
+	defer wh.Close()
+	file := filepath.Join(f.dir, "clusters", "gpu-l", "cluster.yaml")
+	original, err := os.ReadFile(file)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cordoned := []byte(strings.Replace(string(original), "cordoned: false", "cordoned: true", 1))
+	f.syncMu.Lock()
+	f.syncs = nil
+	f.syncMu.Unlock()
+	delivery := 0
+	for b.Loop() {
+		data := cordoned
+		if delivery%2 == 1 {
+			data = original
+		}
+		delivery++
+		commit := f.repo.Commit("main", "toggle the cordon", map[string][]byte{"clusters/gpu-l/cluster.yaml": data})
+		body := []byte(fmt.Sprintf(`{"ref":"refs/heads/main","after":%q}`, commit))
+		mac := hmac.New(sha256.New, secret)
+		mac.Write(body)
+		req, _ := http.NewRequest(http.MethodPost, wh.URL, bytes.NewReader(body))
+		req.Header.Set("X-GitHub-Event", "push")
+		req.Header.Set("X-GitHub-Delivery", fmt.Sprintf("bench-%d", delivery))
+		req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode/100 != 2 {
+			b.Fatalf("webhook delivery: %v %v", resp, err)
+		}
+		resp.Body.Close()
+		f.waitStatus(commit, "flotilla/gpu-l", status.Success, "ready")
+	}
+	f.syncMu.Lock()
+	var total time.Duration
+	for _, d := range f.syncs {
+		total += d
+	}
+	n := len(f.syncs)
+	f.syncMu.Unlock()
+	if n > 0 {
+		b.ReportMetric(float64(total.Microseconds())/float64(n)/1000, "ms-sync/cluster")
+	}
 }

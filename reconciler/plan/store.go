@@ -1,0 +1,160 @@
+package plan
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"html/template"
+	"net/http"
+	"strings"
+
+	"k8s.io/utils/lru"
+)
+
+// PathPrefix is where a Store serves plans: PathPrefix + commit for the page,
+// PathPrefix + commit + ".json" for machines.
+const PathPrefix = "/plans/"
+
+// DefaultStoreSize is how many plans a Store keeps unless told otherwise: a few pushes
+// to each of a busy repository's open pull requests.
+const DefaultStoreSize = 128
+
+// Path is where a Store serves the plan of commit; a status's target URL is the hub's
+// external address followed by it.
+func Path(commit string) string { return PathPrefix + commit }
+
+// Store keeps the newest plans by head commit, evicting the least recently used, and
+// serves them over HTTP. It is safe for concurrent use.
+type Store struct {
+	plans *lru.Cache
+	mux   *http.ServeMux
+}
+
+// NewStore returns a Store of at most size plans; size <= 0 means DefaultStoreSize.
+func NewStore(size int) *Store {
+	if size <= 0 {
+		size = DefaultStoreSize
+	}
+	s := &Store{plans: lru.New(size), mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET "+PathPrefix+"{commit}", s.serve)
+	return s
+}
+
+// Put keeps p under its head commit, replacing an older plan of the same commit: the
+// newest comparison is the one its status describes.
+func (s *Store) Put(p *Plan) { s.plans.Add(strings.ToLower(p.Commit), p) }
+
+// Get returns the plan of commit, a full commit hash.
+func (s *Store) Get(commit string) (*Plan, bool) {
+	v, ok := s.plans.Get(strings.ToLower(commit))
+	if !ok {
+		return nil, false
+	}
+	return v.(*Plan), true
+}
+
+// Len is how many plans the Store holds.
+func (s *Store) Len() int { return s.plans.Len() }
+
+// ServeHTTP serves GET PathPrefix{commit} as an HTML page and GET
+// PathPrefix{commit}.json as JSON. Anything but a full 40-hex commit is a bad request;
+// a commit without a plan is not found.
+func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func (s *Store) serve(w http.ResponseWriter, r *http.Request) {
+	commit, asJSON := strings.CutSuffix(r.PathValue("commit"), ".json")
+	if !isCommit(commit) {
+		http.Error(w, "not a commit: plans are served by full 40-hex commit hash", http.StatusBadRequest)
+		return
+	}
+	p, ok := s.Get(commit)
+	if !ok {
+		http.Error(w, "no plan for this commit", http.StatusNotFound)
+		return
+	}
+	h := w.Header()
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Referrer-Policy", "no-referrer")
+	var buf bytes.Buffer
+	if asJSON {
+		enc := json.NewEncoder(&buf)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(p); err != nil {
+			http.Error(w, "encoding the plan failed", http.StatusInternalServerError)
+			return
+		}
+		h.Set("Content-Type", "application/json")
+	} else {
+		if err := page.Execute(&buf, p); err != nil {
+			http.Error(w, "rendering the plan failed", http.StatusInternalServerError)
+			return
+		}
+		h.Set("Content-Type", "text/html; charset=utf-8")
+		// The page shows file contents of a pull request, which anyone who can open
+		// one controls: on top of html/template's escaping, nothing on it may run or
+		// load.
+		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	}
+	// Rendered into a buffer first, so that a failure is an error status, not half a page.
+	_, _ = w.Write(buf.Bytes())
+}
+
+// isCommit reports whether s is a full SHA-1 commit hash.
+func isCommit(s string) bool {
+	if len(s) != 40 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+//go:embed page.html
+var pageHTML string
+
+var page = template.Must(template.New("plan").Funcs(template.FuncMap{
+	"lines":  diffLines,
+	"plural": plural,
+	"short":  func(commit string) string { return commit[:min(len(commit), 12)] },
+	"unchanged": func(p *Plan) []string {
+		var names []string
+		for _, c := range p.Clusters {
+			if c.Change == Unchanged {
+				names = append(names, c.Name)
+			}
+		}
+		return names
+	},
+}).Parse(pageHTML))
+
+// diffLine is one line of a diff with the class that colours it.
+type diffLine struct {
+	Class, Text string
+}
+
+// diffLines splits a unified diff for display. The first two lines are the file
+// headers; after them a line's first character says what it is, so a removed YAML line
+// that itself begins with "--" is not mistaken for a header.
+func diffLines(diff string) []diffLine {
+	lines := splitLines(diff)
+	out := make([]diffLine, len(lines))
+	for i, l := range lines {
+		class := "ctx"
+		switch {
+		case i < 2:
+			class = "file"
+		case strings.HasPrefix(l, "@@"):
+			class = "hunk"
+		case strings.HasPrefix(l, "+"):
+			class = "add"
+		case strings.HasPrefix(l, "-"):
+			class = "del"
+		}
+		out[i] = diffLine{class, l}
+	}
+	return out
+}
