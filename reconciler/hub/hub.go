@@ -568,7 +568,21 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 			return nil
 		}
 	}
-	return s.finishDecommission(ctx, wc, "removed; the agent was not connected, so nothing was pruned on the worker")
+	// The agent may be redialling (a hub restart, a network blip): it gets the
+	// decommission when it connects, and the WorkerCluster goes without pruning only if
+	// it does not come within StaleAfter.
+	key := client.ObjectKeyFromObject(wc)
+	time.AfterFunc(s.hub.opts.StaleAfter, func() {
+		ctx := context.WithoutCancel(ctx)
+		var cur v1alpha1.WorkerCluster
+		if err := s.hub.opts.Client.Get(ctx, key, &cur); err != nil || cur.Annotations[v1alpha1.DecommissionAnnotation] == "" || cur.Status.AppliedHash == decommissionHash(&cur) {
+			return
+		}
+		if err := s.finishDecommission(ctx, &cur, "removed; the agent did not connect, so nothing was pruned on the worker"); err != nil {
+			s.log.Error("finishing a decommission", "cluster", key.Name, "error", err)
+		}
+	})
+	return nil
 }
 
 func (s *Source) maybeFinishDecommission(ctx context.Context, wc *v1alpha1.WorkerCluster) error {

@@ -1,0 +1,198 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/test/gitserver"
+	"github.com/flotilla-gitops/flotilla/test/sopstest"
+)
+
+// process is one of the real binaries, run for a test.
+type process struct {
+	t    *testing.T
+	name string
+	args []string
+	log  *logBuffer
+	cmd  *exec.Cmd
+}
+
+func startProcess(t *testing.T, name string, args ...string) *process {
+	t.Helper()
+	p := &process{t: t, name: name, args: args, log: &logBuffer{}}
+	p.start()
+	t.Cleanup(func() {
+		p.stop(syscall.SIGKILL)
+		if t.Failed() {
+			t.Logf("%s's log:\n%s", name, p.log.String())
+		}
+	})
+	return p
+}
+
+func (p *process) start() {
+	p.t.Helper()
+	p.cmd = exec.Command(builtBinary(p.t, p.name), p.args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func (p *process) stop(sig os.Signal) {
+	if p.cmd == nil || p.cmd.Process == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(sig)
+	_ = p.cmd.Wait()
+	p.cmd = nil
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := listenLoopback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestRealBinaries runs the hub and an agent as the built binaries, as an operator
+// would, and checks what they do to each other when killed and restarted.
+func TestRealBinaries(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	tenant, ns := "procs", "tenant-procs"
+	if err := hub().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	tunnelAddr := freeAddr(t)
+	id := sopstest.NewIdentity(t)
+	keyFile := sopstest.WriteKeyFile(t, dir, "hub.agekey", id)
+	checkout := filepath.Join(dir, "fleet")
+	cli(t, "fleet", "init", checkout, "--tenant", tenant, "--hub-url", "ws://"+tunnelAddr, "--age-recipient", id.Recipient().String())
+	repo := gitserver.Start(t).NewRepo(t, "fleet", checkout)
+
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	hubKubeconfig := write("hub.kubeconfig", planes[0].KubeConfig)
+	workerKubeconfig := write("worker.kubeconfig", planes[1].KubeConfig)
+	config := write("hub.yaml", fmt.Appendf(nil, `kubeconfig: %s
+listen:
+  tunnel: %s
+  http: %s
+allowInsecureLoopback: true
+age:
+  identityFiles: [%s]
+heartbeat:
+  interval: 500ms
+  timeout: 2s
+sources:
+- name: procs
+  url: %s
+  tenant: %s
+  namespace: %s
+  poll: 500ms
+`, hubKubeconfig, tunnelAddr, freeAddr(t), keyFile, repo.URL(), tenant, ns))
+	hubProc := startProcess(t, "flotilla-hub", "--config", config)
+
+	notes, err := gitnotes.New(gitnotes.Options{URL: repo.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fleetRepo{t: t, dir: checkout, repo: repo, notes: notes, tenant: tenant, ns: ns}
+	repo.Branch("main", "add-gpu-p")
+	f.addCluster("add-gpu-p", "gpu-p")
+	merge := repo.Merge("main", "add-gpu-p", "Merge: add gpu-p")
+	f.waitStatus(merge, "flotilla/gpu-p", status.Pending, "enrollment token")
+
+	agentNS := "flotilla-gpu-p"
+	if err := worker().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNS}}); err != nil {
+		t.Fatal(err)
+	}
+	values := filepath.Join(checkout, "values.gpu-p.local.yaml")
+	agentArgs := []string{"--values", values, "--kubeconfig", workerKubeconfig, "--namespace", agentNS, "--allow-insecure-loopback", "--heartbeat", "1s", "--listen", freeAddr(t)}
+	agentProc := startProcess(t, "flotilla-agent", agentArgs...)
+	f.waitStatus(merge, "flotilla/gpu-p", status.Success, "ready")
+
+	wcKey := types.NamespacedName{Namespace: ns, Name: "gpu-p"}
+	connected := func(want metav1.ConditionStatus) {
+		t.Helper()
+		eventually(t, "Connected="+string(want), func() (bool, string) {
+			var wc v1alpha1.WorkerCluster
+			if err := hub().Get(ctx, wcKey, &wc); err != nil {
+				return false, err.Error()
+			}
+			c := condition(&wc, v1alpha1.ConditionConnected)
+			return c != nil && c.Status == want, fmt.Sprint(c)
+		})
+	}
+
+	t.Run("an agent killed is seen within the heartbeat timeout, and comes back", func(t *testing.T) {
+		killed := time.Now()
+		agentProc.stop(syscall.SIGKILL)
+		connected(metav1.ConditionFalse)
+		t.Logf("disconnection recorded %s after the kill (hub heartbeat timeout 2s)", time.Since(killed).Round(time.Millisecond))
+		f.waitStatus(merge, "flotilla/gpu-p", status.Pending, "")
+		agentProc.start()
+		f.waitStatus(merge, "flotilla/gpu-p", status.Success, "ready")
+	})
+
+	t.Run("a restarted hub posts nothing twice and the agent reconnects", func(t *testing.T) {
+		before, err := notes.Read(ctx, merge)
+		if err != nil {
+			t.Fatal(err)
+		}
+		connects := strings.Count(hubProc.log.String(), `"msg":"agent connected"`)
+		hubProc.stop(syscall.SIGTERM)
+		hubProc.start()
+		eventually(t, "the agent on the new hub", func() (bool, string) {
+			return strings.Count(hubProc.log.String(), `"msg":"agent connected"`) > connects, ""
+		})
+		connected(metav1.ConditionTrue)
+		f.waitStatus(merge, "flotilla/gpu-p", status.Success, "ready")
+		after, err := notes.Read(ctx, merge)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, e := range before.Statuses {
+			if a := after.Statuses[name]; a.Count != e.Count {
+				t.Errorf("%s: %d statuses before the restart, %d after", name, e.Count, a.Count)
+			}
+		}
+	})
+
+	t.Run("a removed cluster is pruned and forgotten", func(t *testing.T) {
+		rm := map[string][]byte{}
+		for p := range readDir(t, checkout, "clusters/gpu-p") {
+			rm[p] = nil
+		}
+		removed := repo.Commit("main", "remove gpu-p", rm)
+		f.waitStatus(removed, "flotilla/gpu-p", status.Success, "decommissioned")
+		eventually(t, "the WorkerCluster gone", func() (bool, string) {
+			err := hub().Get(context.Background(), wcKey, &v1alpha1.WorkerCluster{})
+			return err != nil, "still there"
+		})
+	})
+}
+
