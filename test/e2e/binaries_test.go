@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -96,6 +98,7 @@ func TestRealBinaries(t *testing.T) {
 		return p
 	}
 	hubKubeconfig := write("hub.kubeconfig", planes[0].KubeConfig)
+	httpAddr := freeAddr(t)
 	workerKubeconfig := write("worker.kubeconfig", planes[1].KubeConfig)
 	config := write("hub.yaml", fmt.Appendf(nil, `kubeconfig: %s
 listen:
@@ -107,13 +110,16 @@ age:
 heartbeat:
   interval: 500ms
   timeout: 2s
+leaderElection:
+  enabled: true
+  namespace: %s
 sources:
 - name: procs
   url: %s
   tenant: %s
   namespace: %s
   poll: 500ms
-`, hubKubeconfig, tunnelAddr, freeAddr(t), keyFile, repo.URL(), tenant, ns))
+`, hubKubeconfig, tunnelAddr, httpAddr, keyFile, ns, repo.URL(), tenant, ns))
 	hubProc := startProcess(t, "flotilla-hub", "--config", config)
 
 	notes, err := gitnotes.New(gitnotes.Options{URL: repo.URL()})
@@ -147,6 +153,42 @@ sources:
 			return c != nil && c.Status == want, fmt.Sprint(c)
 		})
 	}
+
+	t.Run("the hub serves health, readiness and metrics", func(t *testing.T) {
+		for path, want := range map[string]string{
+			"/healthz": "ok",
+			"/readyz":  "ok",
+			"/metrics": `flotilla_hub_clusters{condition="Ready",namespace="` + ns + `",status="True"} 1`,
+		} {
+			body, code := get(t, "http://"+httpAddr+path)
+			if code != http.StatusOK || !strings.Contains(body, want) {
+				t.Errorf("GET %s = %d, want 200 with %q:\n%s", path, code, want, body)
+			}
+		}
+		body, _ := get(t, "http://"+httpAddr+"/metrics")
+		if !strings.Contains(body, "flotilla_hub_connected_agents 1") || !strings.Contains(body, "flotilla_hub_commit_statuses_posted_total") {
+			t.Errorf("metrics lack the connected agent or the statuses posted:\n%s", body)
+		}
+	})
+
+	t.Run("a second replica waits for the lease instead of serving", func(t *testing.T) {
+		second := filepath.Join(dir, "hub2.yaml")
+		otherHTTP := freeAddr(t)
+		data, err := os.ReadFile(config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := strings.Replace(strings.Replace(string(data), httpAddr, otherHTTP, 1), "tunnel: "+tunnelAddr, "tunnel: "+freeAddr(t), 1)
+		if err := os.WriteFile(second, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		replica := startProcess(t, "flotilla-hub", "--config", second)
+		eventually(t, "the replica answers, not leading", func() (bool, string) {
+			body, code := get(t, "http://"+otherHTTP+"/readyz")
+			return code == http.StatusServiceUnavailable && strings.Contains(body, "not leading"), fmt.Sprint(code, body)
+		})
+		replica.stop(syscall.SIGTERM)
+	})
 
 	t.Run("an agent killed is seen within the heartbeat timeout, and comes back", func(t *testing.T) {
 		killed := time.Now()
@@ -196,3 +238,13 @@ sources:
 	})
 }
 
+func get(t *testing.T, url string) (string, int) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return err.Error(), 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b), resp.StatusCode
+}

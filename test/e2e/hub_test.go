@@ -31,6 +31,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource/status"
 	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	fhub "github.com/flotilla-gitops/flotilla/reconciler/hub"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
@@ -333,8 +334,34 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		}
 	})
 
+	t.Run("a fleet.yaml naming another tenant is refused", func(t *testing.T) {
+		fleetFile, err := os.ReadFile(filepath.Join(f.dir, "fleet.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stolen := strings.Replace(string(fleetFile), "tenant: acme", "tenant: globex", 1)
+		if stolen == string(fleetFile) {
+			t.Fatalf("fleet.yaml has no tenant: acme:\n%s", fleetFile)
+		}
+		bad := f.repo.Commit("main", "claim another tenant", map[string][]byte{"fleet.yaml": []byte(stolen)})
+		f.src.Trigger()
+		f.waitStatus(bad, "flotilla/fleet", status.Failure, `names tenant "globex"`)
+		var list v1alpha1.WorkerClusterList
+		if err := hub().List(t.Context(), &list, client.MatchingLabels{v1alpha1.WorkerClusterLabel: fleet.Identity("globex", "gpu-a")}); err != nil || len(list.Items) != 0 {
+			t.Fatalf("WorkerClusters of the other tenant: %d (%v)", len(list.Items), err)
+		}
+		f.repo.Commit("main", "give the tenant back", map[string][]byte{"fleet.yaml": fleetFile})
+		f.src.Trigger()
+		f.waitStatus(f.repo.Head("main"), "flotilla/fleet", status.Failure, "invalid")
+	})
+
 	t.Run("a restarted hub converges without posting again", func(t *testing.T) {
-		head := f.repo.Head("main")
+		// gpu-a's status lives on the last commit that changed its inputs.
+		var wc v1alpha1.WorkerCluster
+		if err := hub().Get(t.Context(), types.NamespacedName{Namespace: f.ns, Name: "gpu-a"}, &wc); err != nil {
+			t.Fatal(err)
+		}
+		head := wc.Annotations[v1alpha1.SourceCommitAnnotation]
 		before, err := f.notes.Read(t.Context(), head)
 		if err != nil {
 			t.Fatal(err)
@@ -342,7 +369,6 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		f.restartHub()
 		eventually(t, "the agent back on the new hub", func() (bool, string) { return f.tunnel.srv.Connected(v.Cluster.Identity), "" })
 		f.waitStatus(head, "flotilla/gpu-a", status.Success, "ready")
-		f.waitStatus(head, "flotilla/fleet", status.Failure, "invalid")
 		after, err := f.notes.Read(t.Context(), head)
 		if err != nil {
 			t.Fatal(err)
