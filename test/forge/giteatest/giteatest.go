@@ -26,7 +26,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -62,8 +61,6 @@ type Server struct {
 	// <Token>", the two schemes Gitea reads an access token from.
 	Token string
 	Store *forge.Store
-
-	mu sync.Mutex
 }
 
 // Start serves a test Gitea until t ends.
