@@ -7,27 +7,18 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
 var namespaceKind = corev1.SchemeGroupVersion.WithKind("Namespace").GroupKind()
 
-// pruneKindList holds the kinds the agent may ever apply besides namespaces, in apply order:
-// what the renderer lets a preset or overlay render. They are listed for pruning on
+// pruneKindList holds the kinds the agent may ever apply besides namespaces (the first of
+// WorkerKinds), in apply order: what the renderer lets a preset or overlay render. They are listed for pruning on
 // every Apply, also when the desired state no longer holds any object of a kind, so that
 // the last one is pruned too. Kinds whose CRD is not installed are left out silently.
 // RBAC.md grants exactly these.
-var pruneKindList = []schema.GroupVersionKind{
-	{Group: "scheduling.k8s.io", Version: "v1", Kind: "PriorityClass"},
-	kueue.GroupVersion.WithKind("ResourceFlavor"),
-	kueue.GroupVersion.WithKind("Topology"),
-	kueue.GroupVersion.WithKind("WorkloadPriorityClass"),
-	kueue.GroupVersion.WithKind("ProvisioningRequestConfig"),
-	kueue.GroupVersion.WithKind("AdmissionCheck"),
-	kueue.GroupVersion.WithKind("Cohort"),
-	kueue.GroupVersion.WithKind("ClusterQueue"),
-	kueue.GroupVersion.WithKind("LocalQueue"),
-}
+var pruneKindList = v1alpha1.WorkerKinds()[1:]
 
 // PruneKinds returns the kinds the agent may ever apply besides namespaces, in apply
 // order, which it lists for pruning on every Apply.

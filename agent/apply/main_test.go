@@ -1,12 +1,10 @@
 package apply_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"os"
 	"path"
 	"strings"
 	"testing"
@@ -22,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-gitops/flotilla/agent/apply"
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
@@ -89,20 +86,9 @@ func agentClient(t *testing.T) client.Client {
 // documentedRole is the ClusterRole in RBAC.md's YAML block.
 func documentedRole(t *testing.T) *rbacv1.ClusterRole {
 	t.Helper()
-	doc, err := os.ReadFile("RBAC.md")
+	role, err := apply.DocumentedRole()
 	if err != nil {
 		t.Fatal(err)
-	}
-	_, block, ok := bytes.Cut(doc, []byte("```yaml\n"))
-	if ok {
-		block, _, ok = bytes.Cut(block, []byte("```"))
-	}
-	if !ok {
-		t.Fatal("RBAC.md has no ```yaml block")
-	}
-	role := &rbacv1.ClusterRole{}
-	if err := yaml.UnmarshalStrict(block, role); err != nil {
-		t.Fatalf("RBAC.md's ClusterRole: %v", err)
 	}
 	return role
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/flotilla-gitops/flotilla/agent/apply"
 )
 
 // The chart cannot be rendered here (no helm), so these tests read its files as text. The
@@ -98,20 +99,9 @@ func grants(rules []rbacv1.PolicyRule) []grant {
 // and pruning need.
 func appliersRole(t *testing.T) *rbacv1.ClusterRole {
 	t.Helper()
-	doc, err := os.ReadFile("../../agent/apply/RBAC.md")
+	role, err := apply.DocumentedRole()
 	if err != nil {
 		t.Fatal(err)
-	}
-	_, block, ok := bytes.Cut(doc, []byte("```yaml\n"))
-	if ok {
-		block, _, ok = bytes.Cut(block, []byte("```"))
-	}
-	if !ok {
-		t.Fatal("agent/apply/RBAC.md has no yaml block")
-	}
-	role := &rbacv1.ClusterRole{}
-	if err := yaml.UnmarshalStrict(block, role); err != nil {
-		t.Fatalf("agent/apply/RBAC.md: %v", err)
 	}
 	return role
 }

@@ -21,21 +21,8 @@ import (
 // LocalQueue of its own gets in every workload namespace.
 const DefaultLocalQueue = "user-queue"
 
-// kinds is what a preset or overlay may render, in the order the agent applies them:
-// what others refer to comes first. Anything else could widen what a fleet repository
-// can do to a worker (RBAC, workloads), so it is refused.
-var kinds = []schema.GroupVersionKind{
-	corev1.SchemeGroupVersion.WithKind("Namespace"),
-	{Group: "scheduling.k8s.io", Version: "v1", Kind: "PriorityClass"},
-	kueue.GroupVersion.WithKind("ResourceFlavor"),
-	kueue.GroupVersion.WithKind("Topology"),
-	kueue.GroupVersion.WithKind("WorkloadPriorityClass"),
-	kueue.GroupVersion.WithKind("ProvisioningRequestConfig"),
-	kueue.GroupVersion.WithKind("AdmissionCheck"),
-	kueue.GroupVersion.WithKind("Cohort"),
-	kueue.GroupVersion.WithKind("ClusterQueue"),
-	kueue.GroupVersion.WithKind("LocalQueue"),
-}
+// kinds is what a preset or overlay may render, in apply order.
+var kinds = v1alpha1.WorkerKinds()
 
 var kindOrder = func() map[schema.GroupKind]int {
 	m := map[schema.GroupKind]int{}
