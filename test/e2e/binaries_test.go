@@ -15,6 +15,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/flotilla-gitops/flotilla/gitsource/status"
@@ -154,11 +156,44 @@ sources:
 		})
 	}
 
+	t.Run("a second cluster on another worker, then a preset change reconfigures both", func(t *testing.T) {
+		second := write("worker2.kubeconfig", planes[2].KubeConfig)
+		f.addCluster("main", "gpu-q")
+		added := repo.Head("main")
+		if err := planes[2].Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flotilla-gpu-q"}}); err != nil {
+			t.Fatal(err)
+		}
+		startProcess(t, "flotilla-agent", "--values", filepath.Join(checkout, "values.gpu-q.local.yaml"), "--kubeconfig", second,
+			"--namespace", "flotilla-gpu-q", "--allow-insecure-loopback", "--heartbeat", "1s", "--listen", freeAddr(t))
+		f.waitStatus(added, "flotilla/gpu-q", status.Success, "ready")
+
+		queues := filepath.Join(checkout, "presets", "gpu", "queues.yaml")
+		data, err := os.ReadFile(queues)
+		if err != nil {
+			t.Fatal(err)
+		}
+		strict := strings.Replace(string(data), "  namespaceSelector: {}\n", "  namespaceSelector: {}\n  queueingStrategy: StrictFIFO\n", 1)
+		preset := repo.Commit("main", "strict FIFO for every cluster", map[string][]byte{"presets/gpu/queues.yaml": []byte(strict)})
+		for _, name := range []string{"gpu-p", "gpu-q"} {
+			f.waitStatus(preset, "flotilla/"+name, status.Success, "ready")
+		}
+		for i, w := range []int{1, 2} {
+			var cq unstructured.Unstructured
+			cq.SetGroupVersionKind(schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "ClusterQueue"})
+			if err := planes[w].Client.Get(ctx, types.NamespacedName{Name: "cluster-queue"}, &cq); err != nil {
+				t.Fatalf("worker %d: %v", i+1, err)
+			}
+			if s, _, _ := unstructured.NestedString(cq.Object, "spec", "queueingStrategy"); s != "StrictFIFO" {
+				t.Fatalf("worker %d's ClusterQueue has queueingStrategy %q after the preset change", i+1, s)
+			}
+		}
+	})
+
 	t.Run("the hub serves health, readiness and metrics", func(t *testing.T) {
 		for path, want := range map[string]string{
 			"/healthz": "ok",
 			"/readyz":  "ok",
-			"/metrics": `flotilla_hub_clusters{condition="Ready",namespace="` + ns + `",status="True"} 1`,
+			"/metrics": `flotilla_hub_clusters{condition="Ready",namespace="` + ns + `",status="True"} 2`,
 		} {
 			body, code := get(t, "http://"+httpAddr+path)
 			if code != http.StatusOK || !strings.Contains(body, want) {
@@ -166,7 +201,7 @@ sources:
 			}
 		}
 		body, _ := get(t, "http://"+httpAddr+"/metrics")
-		if !strings.Contains(body, "flotilla_hub_connected_agents 1") || !strings.Contains(body, "flotilla_hub_commit_statuses_posted_total") {
+		if !strings.Contains(body, "flotilla_hub_connected_agents 2") || !strings.Contains(body, "flotilla_hub_commit_statuses_posted_total") {
 			t.Errorf("metrics lack the connected agent or the statuses posted:\n%s", body)
 		}
 	})
@@ -195,13 +230,14 @@ sources:
 		agentProc.stop(syscall.SIGKILL)
 		connected(metav1.ConditionFalse)
 		t.Logf("disconnection recorded %s after the kill (hub heartbeat timeout 2s)", time.Since(killed).Round(time.Millisecond))
-		f.waitStatus(merge, "flotilla/gpu-p", status.Pending, "")
+		f.waitStatus(f.statusCommit("gpu-p"), "flotilla/gpu-p", status.Pending, "")
 		agentProc.start()
-		f.waitStatus(merge, "flotilla/gpu-p", status.Success, "ready")
+		f.waitStatus(f.statusCommit("gpu-p"), "flotilla/gpu-p", status.Success, "ready")
 	})
 
 	t.Run("a restarted hub posts nothing twice and the agent reconnects", func(t *testing.T) {
-		before, err := notes.Read(ctx, merge)
+		current := f.statusCommit("gpu-p")
+		before, err := notes.Read(ctx, current)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -212,8 +248,8 @@ sources:
 			return strings.Count(hubProc.log.String(), `"msg":"agent connected"`) > connects, ""
 		})
 		connected(metav1.ConditionTrue)
-		f.waitStatus(merge, "flotilla/gpu-p", status.Success, "ready")
-		after, err := notes.Read(ctx, merge)
+		f.waitStatus(f.statusCommit("gpu-p"), "flotilla/gpu-p", status.Success, "ready")
+		after, err := notes.Read(ctx, current)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -34,14 +34,14 @@ import (
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 )
 
-// planes[0] is the hub, planes[1] the worker.
+// planes[0] is the hub, planes[1] and planes[2] are workers.
 var planes []*controlplane.ControlPlane
 
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(simEnv); spec != "" {
 		os.Exit(simulateAgents(spec))
 	}
-	controlplane.Main(m, 2, &planes, controlplane.Options{})
+	controlplane.Main(m, 3, &planes, controlplane.Options{})
 }
 
 func listenLoopback() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }

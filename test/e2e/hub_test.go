@@ -237,6 +237,17 @@ func (f *fleetRepo) waitStatus(commit, context string, want status.State, contai
 	return st
 }
 
+// statusCommit is the commit a cluster's status lives on: the newest one that changed
+// its inputs.
+func (f *fleetRepo) statusCommit(name string) string {
+	f.t.Helper()
+	var wc v1alpha1.WorkerCluster
+	if err := hub().Get(f.t.Context(), types.NamespacedName{Namespace: f.ns, Name: name}, &wc); err != nil {
+		f.t.Fatal(err)
+	}
+	return wc.Annotations[v1alpha1.SourceCommitAnnotation]
+}
+
 // startAgent runs an agent in-process with the values file's identity and token.
 func (f *fleetRepo) startAgent(v values) func() {
 	c := &fleetCase{t: f.t, identity: v.Cluster.Identity, token: mustToken(f.t, v.Enrollment.Token), agentNS: "flotilla-" + v.Cluster.Name}
@@ -356,12 +367,7 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 	})
 
 	t.Run("a restarted hub converges without posting again", func(t *testing.T) {
-		// gpu-a's status lives on the last commit that changed its inputs.
-		var wc v1alpha1.WorkerCluster
-		if err := hub().Get(t.Context(), types.NamespacedName{Namespace: f.ns, Name: "gpu-a"}, &wc); err != nil {
-			t.Fatal(err)
-		}
-		head := wc.Annotations[v1alpha1.SourceCommitAnnotation]
+		head := f.statusCommit("gpu-a")
 		before, err := f.notes.Read(t.Context(), head)
 		if err != nil {
 			t.Fatal(err)
