@@ -17,7 +17,7 @@ BENCH_COUNT     ?= 6
 # machine takes minutes, which is why it happens before go test starts its timeout.
 TESTBIN_ENV = KUBEBUILDER_ASSETS="$$(bash test/testbin/build.sh | tail -n 1)"
 
-.PHONY: all build test unit fuzz lint bench testbin generate clean
+.PHONY: all build test unit fuzz lint bench testbin generate clean demo
 
 all: build
 
@@ -46,6 +46,13 @@ bench: testbin
 
 testbin:
 	@bash test/testbin/build.sh >/dev/null
+
+# The whole flow on this machine: three control planes, a git server, the hub and two
+# agents, two clusters enrolled through merges and watched until green (see test/demo).
+# FLOTILLA_DEMO_CI=1 exits once they are green. go -C with no package argument, because
+# only then does go test hand the test its own stdout: a terminal gets the live table.
+demo: testbin
+	$(TESTBIN_ENV) $(GO) -C test/demo test -tags demo -run '^TestDemo$$' -v -count=1 -timeout 0
 
 generate:
 	$(GO) run $(CONTROLLER_GEN) object paths=./reconciler/api/... \
