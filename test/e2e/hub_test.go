@@ -328,8 +328,14 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		if err := os.WriteFile(file, cordoned, 0o644); err != nil {
 			t.Fatal(err)
 		}
+		// As a pull request: its plan first, then the merge.
+		f.repo.Branch("main", "cordon-gpu-a")
+		prHead := f.repo.Commit("cordon-gpu-a", "cordon gpu-a", map[string][]byte{"clusters/gpu-a/cluster.yaml": cordoned})
+		f.repo.SetRef("refs/pull/2/head", "cordon-gpu-a")
+		f.src.Trigger()
+		f.waitStatus(prHead, "flotilla/plan", status.Success, "~1")
 		began := time.Now()
-		cordon := f.repo.Commit("main", "cordon gpu-a", map[string][]byte{"clusters/gpu-a/cluster.yaml": cordoned})
+		cordon := f.repo.Merge("main", "cordon-gpu-a", "Merge: cordon gpu-a")
 		f.src.Trigger()
 		f.waitStatus(cordon, "flotilla/gpu-a", status.Success, "ready")
 		t.Logf("push to success for a connected cluster: %s", time.Since(began).Round(time.Millisecond))
