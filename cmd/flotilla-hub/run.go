@@ -248,10 +248,13 @@ func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, m *metrics) (*h
 	if err != nil {
 		return nil, fmt.Errorf("statuses: %w", err)
 	}
+	// The forge, when it can say, names the open pull requests; closed ones keep
+	// their refs forever.
+	lister, _ := backend.(status.PullRequestLister)
 	if backend != nil {
 		backend = m.countStatuses(sc.Name, backend)
 	}
-	return h.AddSource(hub.SourceOptions{Name: sc.Name, Git: opts, Tenant: sc.Tenant, Namespace: sc.Namespace, Statuses: backend, Poll: time.Duration(sc.Poll)})
+	return h.AddSource(hub.SourceOptions{Name: sc.Name, Git: opts, Tenant: sc.Tenant, Namespace: sc.Namespace, Statuses: backend, Poll: time.Duration(sc.Poll), PullRequests: lister})
 }
 
 func statusBackend(ctx context.Context, sc SourceConfig, git gitsource.Options) (status.Backend, error) {

@@ -110,3 +110,10 @@ func Truncate(s string, limit int) string {
 	}
 	return s
 }
+
+// PullRequestLister is implemented by backends whose forge knows which pull requests
+// are open. Forges keep the head refs of closed pull requests forever, so a hub plans
+// only the pull requests this says are open.
+type PullRequestLister interface {
+	OpenPullRequests(ctx context.Context) (map[int]bool, error)
+}

@@ -125,9 +125,10 @@ type SourceOptions struct {
 	Statuses status.Backend
 	// Poll is the interval between fetches when no webhook arrives. Default 1 minute.
 	Poll time.Duration
-	// OpenPullRequests says which pull requests are open, as the forge knows; nil
-	// plans every pull-request ref the repository has.
-	OpenPullRequests func(number int) bool
+	// PullRequests, when set, says which pull requests are open, as the forge knows:
+	// only those are planned. Without it every pull-request ref the repository has is
+	// planned, which suits a plain git server, where such refs are pushed on purpose.
+	PullRequests status.PullRequestLister
 }
 
 // Source is one followed fleet repository.
@@ -211,7 +212,16 @@ func (s *Source) syncPlans(ctx context.Context) {
 	if store == nil {
 		return
 	}
-	prs, err := s.git.PullRequests(ctx, s.opts.OpenPullRequests)
+	var open func(int) bool
+	if s.opts.PullRequests != nil {
+		numbers, err := s.opts.PullRequests.OpenPullRequests(ctx)
+		if err != nil {
+			s.log.Error("listing open pull requests", "error", err)
+			return
+		}
+		open = func(n int) bool { return numbers[n] }
+	}
+	prs, err := s.git.PullRequests(ctx, open)
 	if err != nil {
 		s.log.Error("reading pull requests", "error", err)
 		return

@@ -126,6 +126,11 @@ type fleetRepo struct {
 	syncs  []time.Duration // how long each sync that found a new head took
 }
 
+// openPRs is the forge's word on which pull requests are open.
+type openPRs map[int]bool
+
+func (o openPRs) OpenPullRequests(context.Context) (map[int]bool, error) { return o, nil }
+
 // startHub starts a hub, with nothing in memory, following the repository and serving
 // tunnels on l.
 func (f *fleetRepo) startHub(l net.Listener) {
@@ -142,7 +147,7 @@ func (f *fleetRepo) startHub(l net.Listener) {
 	h.opts = tunnel.Options{Client: hub(), Desired: hb, OnStatus: hb.OnStatus, Liveness: fast, AllowInsecureLoopback: true, Log: h.log.logger()}
 	h.serve(l)
 	hb.Attach(h.srv)
-	f.src, err = hb.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: f.repo.URL(), Branch: "main"}, Tenant: f.tenant, Namespace: f.ns, Statuses: f.notes, Poll: time.Hour})
+	f.src, err = hb.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: f.repo.URL(), Branch: "main"}, Tenant: f.tenant, Namespace: f.ns, Statuses: f.notes, Poll: time.Hour, PullRequests: openPRs{1: true, 2: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,6 +278,10 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 	v, branchHead := f.addCluster("add-gpu-a", "gpu-a")
 	// Before the merge: the pull request's plan, and nothing on a worker.
 	f.repo.SetRef("refs/pull/1/head", "add-gpu-a")
+	// #9 was closed long ago, but its ref stays, as forges keep them.
+	f.repo.Branch("main", "abandoned")
+	closed := f.repo.Commit("abandoned", "an idea", map[string][]byte{"README.md": []byte("abandoned\n")})
+	f.repo.SetRef("refs/pull/9/head", "abandoned")
 	f.src.Trigger()
 	f.waitStatus(branchHead, "flotilla/plan", status.Success, "+1 cluster")
 	if err := hub().Get(t.Context(), types.NamespacedName{Namespace: f.ns, Name: "gpu-a"}, &v1alpha1.WorkerCluster{}); err == nil {
@@ -288,6 +297,10 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 	f.waitStatus(merge, "flotilla/gpu-a", status.Success, "ready")
 	t.Logf("merge to success, agent started after the merge: %s", time.Since(began).Round(time.Millisecond))
 	f.waitStatus(merge, "flotilla/fleet", status.Success, "1 of 1")
+	// Several syncs later, each of which planned what it found open.
+	if st := f.statusOf(closed, "flotilla/plan"); st.State != "" {
+		t.Fatalf("a closed pull request was planned: %+v", st)
+	}
 
 	var wc v1alpha1.WorkerCluster
 	if err := hub().Get(t.Context(), types.NamespacedName{Namespace: f.ns, Name: "gpu-a"}, &wc); err != nil {

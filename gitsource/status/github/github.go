@@ -279,3 +279,22 @@ func capReached(er *gh.ErrorResponse) bool {
 	}
 	return false
 }
+
+// OpenPullRequests lists the numbers of the repository's open pull requests, every page.
+func (b *Backend) OpenPullRequests(ctx context.Context) (map[int]bool, error) {
+	out := map[int]bool{}
+	opts := &gh.PullRequestListOptions{State: "open", ListOptions: gh.ListOptions{PerPage: 100}}
+	for {
+		prs, resp, err := b.client.PullRequests.List(ctx, b.owner, b.repo, opts)
+		if err != nil {
+			return nil, fmt.Errorf("github: %s/%s: listing open pull requests: %w", b.owner, b.repo, classify(resp, err))
+		}
+		for _, pr := range prs {
+			out[pr.GetNumber()] = true
+		}
+		if resp.NextPage == 0 || resp.NextPage <= max(opts.Page, 1) {
+			return out, nil
+		}
+		opts.Page = resp.NextPage
+	}
+}

@@ -435,3 +435,32 @@ func TestBaseURL(t *testing.T) {
 		})
 	}
 }
+
+// Closed pull requests keep their refs/pull/N/head forever; the hub plans only the open
+// ones, which the forge lists over as many pages as it takes.
+func TestOpenPullRequests(t *testing.T) {
+	srv := githubtest.Start(t)
+	want := map[int]bool{}
+	for n := 1; n <= 140; n++ {
+		open := n%7 != 0
+		srv.SetPullRequest(n, open)
+		if open {
+			want[n] = true
+		}
+	}
+	got, err := newBackend(t, srv, Options{Token: srv.Token}).OpenPullRequests(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d open pull requests, want %d", len(got), len(want))
+	}
+	for n := range want {
+		if !got[n] {
+			t.Fatalf("#%d is open but not listed", n)
+		}
+	}
+	if _, err := newBackend(t, srv, Options{Token: "ghp_wrong"}).OpenPullRequests(testContext(t)); !errors.Is(err, status.ErrUnauthorized) {
+		t.Fatalf("with a wrong token: %v, want ErrUnauthorized", err)
+	}
+}

@@ -21,10 +21,12 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,6 +115,54 @@ type Server struct {
 	// post serializes the cap check of a create with its insert, so concurrent posts
 	// cannot both take the last slot.
 	post sync.Mutex
+
+	pulls map[int]string // pull request number to its state, "open" or "closed"
+}
+
+// SetPullRequest records pull request number as open or closed, for GET /pulls.
+func (s *Server) SetPullRequest(number int, open bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pulls == nil {
+		s.pulls = map[int]string{}
+	}
+	s.pulls[number] = map[bool]string{true: "open", false: "closed"}[open]
+}
+
+// listPulls is GET /repos/{owner}/{repo}/pulls: "state: Either open, closed, or all to
+// filter by state. Default: open", newest first, paginated like every list.
+func (s *Server) listPulls(w http.ResponseWriter, r *http.Request) {
+	want := r.URL.Query().Get("state")
+	if want == "" {
+		want = "open"
+	}
+	if want != "open" && want != "closed" && want != "all" {
+		s.error(w, http.StatusUnprocessableEntity, validation(docRoot, fieldError{Resource: "PullRequest", Code: "invalid", Field: "state"}))
+		return
+	}
+	s.mu.Lock()
+	var numbers []int
+	for n, st := range s.pulls {
+		if want == "all" || st == want {
+			numbers = append(numbers, n)
+		}
+	}
+	states := maps.Clone(s.pulls)
+	s.mu.Unlock()
+	slices.SortFunc(numbers, func(a, b int) int { return b - a })
+	page, per := pagination(r.URL.Query())
+	from, to := window(page, per, len(numbers))
+	type pull struct {
+		Number int    `json:"number"`
+		State  string `json:"state"`
+		URL    string `json:"url"`
+	}
+	out := make([]pull, 0, to-from)
+	for _, n := range numbers[from:to] {
+		out = append(out, pull{Number: n, State: states[n], URL: s.URL + fmt.Sprintf("repos/%s/%s/pulls/%d", s.Owner, s.Repo, n)})
+	}
+	s.link(w, r, page, per, len(numbers))
+	s.json(w, http.StatusOK, out)
 }
 
 // Start serves a new repository until the test ends.
@@ -172,7 +222,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case len(segs) == 4 && segs[0] == "app" && segs[1] == "installations" && segs[3] == "access_tokens" && r.Method == http.MethodPost:
 		s.createInstallationToken(w, r, segs[2])
-	case len(segs) >= 5 && segs[0] == "repos":
+	case len(segs) >= 4 && segs[0] == "repos":
 		s.repository(w, r, segs)
 	default:
 		s.error(w, http.StatusNotFound, apiError{Message: msgNotFound, DocumentationURL: docRoot})
@@ -203,6 +253,8 @@ func (s *Server) repository(w http.ResponseWriter, r *http.Request, segs []strin
 	}
 	last := segs[len(segs)-1]
 	switch {
+	case segs[3] == "pulls" && len(segs) == 4 && r.Method == http.MethodGet:
+		s.listPulls(w, r)
 	case segs[3] == "statuses" && len(segs) == 5 && r.Method == http.MethodPost:
 		s.createStatus(w, r, segs[4])
 	case segs[3] == "statuses" && len(segs) == 5 && r.Method == http.MethodGet:
