@@ -90,6 +90,15 @@ func (f *Fleet) StatusContextPrefix() string {
 	return f.Spec.Spec.StatusContextPrefix
 }
 
+// DecommissionPolicy is what a worker keeps when its cluster leaves the fleet,
+// defaulted to pruning.
+func (f *Fleet) DecommissionPolicy() v1alpha1.DecommissionPolicy {
+	if f.Spec == nil || f.Spec.Spec.Decommission == "" {
+		return v1alpha1.DecommissionPrune
+	}
+	return f.Spec.Spec.Decommission
+}
+
 // AllErrors is every problem of the fleet and its clusters, sorted by file and line.
 func (f *Fleet) AllErrors() ErrorList {
 	all := slices.Clone(f.Errors)

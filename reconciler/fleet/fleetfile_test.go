@@ -18,6 +18,7 @@ import (
 //	10 workloadNs:     16 statusContextPrefix
 //	11 - ml-training   18 allowedResidencies:
 //	                   19 - us, 20 - eu (items at column 7)
+//	                   23 decommission
 
 // fleetCase is one bad fleet.yaml: the error it must cause, on the fleet as a whole.
 type fleetCase struct {
@@ -95,7 +96,9 @@ func TestLoadRejectsInvalidFleetFile(t *testing.T) {
 			msg: `duplicate key "tenant"; it is already set at line 8`},
 		{name: "string for a list", data: replace("  workloadNamespaces:\n    - ml-training\n", "  workloadNamespaces: ml-training\n"), line: 10, col: 3,
 			msg: "spec.workloadNamespaces: expected a list, got string"},
-		{name: "second document", data: template(t, fleet.FleetFile) + "---\nkind: Fleet\n", line: 21, col: 1,
+		{name: "unknown decommission policy", data: replace("decommission: Prune", "decommission: Delete"), line: 23, col: 3,
+			msg: `spec.decommission "Delete" must be Prune or Keep`},
+		{name: "second document", data: template(t, fleet.FleetFile) + "---\nkind: Fleet\n", line: 24, col: 1,
 			msg: "file must hold a single YAML document; a second one starts here"},
 		{name: "invalid YAML", data: replace("tenant: example", "tenant: [example"), line: 8,
 			msg: "invalid YAML: did not find expected ',' or ']'"},

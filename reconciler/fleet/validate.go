@@ -82,6 +82,12 @@ func loadFleetFile(fsys fs.FS, list *ErrorList) *v1alpha1.Fleet {
 		n := at("statusContextPrefix")
 		e.at(n.Line, n.Column, "spec.statusContextPrefix must be at most 100 characters without spaces")
 	}
+	switch s.Decommission {
+	case "", v1alpha1.DecommissionPrune, v1alpha1.DecommissionKeep:
+	default:
+		n := at("decommission")
+		e.at(n.Line, n.Column, "spec.decommission %q must be Prune or Keep", s.Decommission)
+	}
 	seen = map[string]bool{}
 	for i, r := range s.AllowedResidencies {
 		n := at("allowedResidencies", fmt.Sprintf("[%d]", i))

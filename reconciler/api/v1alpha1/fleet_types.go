@@ -42,7 +42,25 @@ type FleetSpec struct {
 	// +listType=set
 	// +optional
 	AllowedResidencies []string `json:"allowedResidencies,omitempty"`
+
+	// Decommission is what a worker keeps when its cluster directory leaves the fleet.
+	// Prune (the default) deletes every object the agent applied for the cluster; Keep
+	// leaves them running, for a cluster handed over to other hands, and only revokes
+	// the agent. Either way the WorkerCluster goes and nothing unlabeled is touched.
+	// +kubebuilder:validation:Enum=Prune;Keep
+	// +optional
+	Decommission DecommissionPolicy `json:"decommission,omitempty"`
 }
+
+// DecommissionPolicy says what happens on a worker whose cluster leaves the fleet.
+type DecommissionPolicy string
+
+const (
+	// DecommissionPrune deletes what the agent owns on the worker.
+	DecommissionPrune DecommissionPolicy = "Prune"
+	// DecommissionKeep leaves the worker's objects in place.
+	DecommissionKeep DecommissionPolicy = "Keep"
+)
 
 // Fleet is the fleet.yaml at the root of a fleet repository.
 //

@@ -189,6 +189,7 @@ type WorkerClusterStatus struct {
 // +kubebuilder:printcolumn:name="Connected",type=string,JSONPath=`.status.conditions[?(@.type=="Connected")].status`
 // +kubebuilder:printcolumn:name="Configured",type=string,JSONPath=`.status.conditions[?(@.type=="WorkerConfigured")].status`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Dispatch",type=string,JSONPath=`.status.conditions[?(@.type=="DispatchReady")].status`,priority=1
 // +kubebuilder:printcolumn:name="GPUs",type=string,JSONPath=`.status.gpus[*].count`
 // +kubebuilder:printcolumn:name="Product",type=string,JSONPath=`.status.gpus[*].product`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
