@@ -69,6 +69,10 @@ type Options struct {
 	Inventory InventorySource
 	// InventoryEvery is how often the GPU inventory is sent. Default 1 minute.
 	InventoryEvery time.Duration
+	// ApplyTimeout bounds one apply of a desired state, so that an API server that
+	// stops answering cannot stall the agent behind a tunnel that looks healthy.
+	// Default 5 minutes.
+	ApplyTimeout time.Duration
 	// Backoff between dials; defaults to 1s doubling to 5 minutes with jitter.
 	Backoff           wait.Backoff
 	AgentVersion      string
@@ -100,6 +104,9 @@ func New(opts Options) (*Agent, error) {
 	}
 	if opts.Liveness == (protocol.Liveness{}) {
 		opts.Liveness = protocol.DefaultLiveness
+	}
+	if opts.ApplyTimeout <= 0 {
+		opts.ApplyTimeout = 5 * time.Minute
 	}
 	if opts.InventoryEvery <= 0 {
 		opts.InventoryEvery = time.Minute
@@ -227,6 +234,18 @@ func (a *Agent) serve(ctx context.Context, ws *websocket.Conn) error {
 	if err != nil {
 		return fmt.Errorf("opening the control stream: %w", err)
 	}
+	// This protocol version defines no stream that the hub opens: refuse each at once
+	// rather than let them queue in the multiplexer.
+	go func() {
+		for {
+			st, err := t.Accept()
+			if err != nil {
+				return
+			}
+			a.opts.Log.Warn("refused a stream the hub opened: this agent serves none")
+			_ = st.Close()
+		}
+	}()
 	conn := protocol.NewConn(stream)
 	a.mu.Lock()
 	applied := a.applied
@@ -283,7 +302,9 @@ func (a *Agent) handle(ctx context.Context, conn *protocol.Conn, body any) error
 	case *protocol.DesiredState:
 		// The apply runs to its end even if the tunnel drops meanwhile: the hub sends the
 		// state again on reconnecting, and applying it again changes nothing.
-		res := a.opts.Applier.Apply(context.WithoutCancel(ctx), *m)
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opts.ApplyTimeout)
+		res := a.opts.Applier.Apply(actx, *m)
+		cancel()
 		res.Generation, res.Hash = m.Generation, m.Hash
 		if res.Complete() {
 			a.mu.Lock()

@@ -41,6 +41,9 @@ type PullRequest struct {
 	// Changes are what merging the pull request would change, from the trees of Base
 	// and Head.
 	Changes Changes
+	// Merged is true when the head is already part of the branch: the pull request
+	// has been merged (its ref stays), and there is nothing left to plan.
+	Merged bool
 
 	tree     *object.Tree
 	baseTree *object.Tree
@@ -148,6 +151,7 @@ func (s *Source) comparePR(ctx context.Context, pr *PullRequest, branchHead *obj
 	// finds nothing, or fails on a missing parent: both mean "too far back".
 	if bases, err := head.MergeBase(branchHead); err == nil && len(bases) > 0 {
 		forkPoint, pr.BaseFound = bases[0], true
+		pr.Merged = forkPoint.Hash == pr.Head
 	}
 	pr.Base = forkPoint.Hash
 	if pr.baseTree, err = forkPoint.Tree(); err != nil {

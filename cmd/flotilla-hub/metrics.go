@@ -19,6 +19,8 @@ import (
 type metrics struct {
 	reg      *prometheus.Registry
 	syncs    *prometheus.HistogramVec
+	fetches  *prometheus.HistogramVec
+	clusters *prometheus.HistogramVec
 	webhook  *prometheus.CounterVec
 	statuses *prometheus.CounterVec
 }
@@ -30,6 +32,14 @@ func newMetrics(reg *prometheus.Registry, c client.Reader) *metrics {
 			Name: "flotilla_hub_sync_duration_seconds", Help: "Time to fetch a fleet source and reconcile what its new head changed.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
 		}, []string{"source", "result"}),
+		fetches: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "flotilla_hub_fetch_duration_seconds", Help: "Time to look for a new head of a fleet source and fetch it.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+		}, []string{"source", "result"}),
+		clusters: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "flotilla_hub_cluster_reconcile_duration_seconds", Help: "Time to validate, render and write one changed cluster and push its desired state.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 12),
+		}, []string{"source", "result"}),
 		webhook: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flotilla_hub_webhook_deliveries_total", Help: "Webhook deliveries by source and HTTP answer.",
 		}, []string{"source", "code"}),
@@ -37,17 +47,29 @@ func newMetrics(reg *prometheus.Registry, c client.Reader) *metrics {
 			Name: "flotilla_hub_commit_statuses_posted_total", Help: "Commit statuses posted, by source, state and result.",
 		}, []string{"source", "state", "result"}),
 	}
-	reg.MustRegister(m.syncs, m.webhook, m.statuses, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	reg.MustRegister(m.syncs, m.fetches, m.clusters, m.webhook, m.statuses, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&clusterCollector{c: c, desc: prometheus.NewDesc("flotilla_hub_clusters", "WorkerClusters by condition and status.", []string{"namespace", "condition", "status"}, nil)})
 	return m
 }
 
 func (m *metrics) observeSync(source string, took time.Duration, err error) {
+	observe(m.syncs, source, took, err)
+}
+
+func (m *metrics) observeFetch(source string, took time.Duration, err error) {
+	observe(m.fetches, source, took, err)
+}
+
+func (m *metrics) observeReconcile(source string, took time.Duration, err error) {
+	observe(m.clusters, source, took, err)
+}
+
+func observe(h *prometheus.HistogramVec, source string, took time.Duration, err error) {
 	result := "ok"
 	if err != nil {
 		result = "error"
 	}
-	m.syncs.WithLabelValues(source, result).Observe(took.Seconds())
+	h.WithLabelValues(source, result).Observe(took.Seconds())
 }
 
 func (m *metrics) connected(sessions func() int) {

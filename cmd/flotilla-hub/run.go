@@ -71,7 +71,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg, c)
 	plans := plan.NewStore(0)
-	h, err := hub.New(hub.Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Log: log, OnSync: m.observeSync,
+	h, err := hub.New(hub.Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Log: log, OnSync: m.observeSync, OnFetch: m.observeFetch, OnReconcile: m.observeReconcile,
 		Plans: plans, PublicURL: cfg.PublicURL})
 	if err != nil {
 		return err
@@ -193,10 +193,16 @@ func leaderElect(ctx context.Context, rc *rest.Config, cfg *Config, log *slog.Lo
 			},
 		},
 	})
-	if leadErr != nil {
+	switch {
+	case ctx.Err() != nil:
+		return nil // asked to stop
+	case leadErr != nil && !errors.Is(leadErr, context.Canceled):
 		return leadErr
+	default:
+		// The lease was lost while this replica led: exit non-zero so that the
+		// supervisor restarts it as a follower instead of leaving it idle.
+		return errors.New("lost the leader election lease")
 	}
-	return ctx.Err()
 }
 
 func loadIdentities(files []string) (*secrets.Identities, error) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/flotilla-gitops/flotilla/gitsource/status"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 )
 
 // Reasons the hub sets on conditions.
@@ -23,13 +24,26 @@ const (
 // summarize sets Ready and DispatchReady from the conditions the tunnel keeps, and
 // reports whether anything changed.
 func summarize(wc *v1alpha1.WorkerCluster) bool {
-	before := fmt.Sprint(wc.Status.Conditions)
+	before := fmt.Sprint(wc.Status.ObservedGeneration, wc.Status.Conditions)
+	wc.Status.ObservedGeneration = wc.Generation
+	// An agent's report is about the generation it was sent: once Git moves the spec on,
+	// the worker is configured only when it acknowledges the new one.
+	if c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionWorkerConfigured); c != nil && c.Status == metav1.ConditionTrue {
+		switch {
+		case c.ObservedGeneration != wc.Generation:
+			set(wc, v1alpha1.ConditionWorkerConfigured, metav1.ConditionFalse, tunnel.ReasonOutdated,
+				fmt.Sprintf("waiting for the agent to apply generation %d; it last applied generation %d", wc.Generation, c.ObservedGeneration))
+		case wc.Status.DesiredHash != "" && wc.Status.AppliedHash != wc.Status.DesiredHash:
+			set(wc, v1alpha1.ConditionWorkerConfigured, metav1.ConditionFalse, tunnel.ReasonOutdated,
+				fmt.Sprintf("waiting for the agent to apply %s; it last applied %s", wc.Status.DesiredHash, wc.Status.AppliedHash))
+		}
+	}
 	ready, reason, msg := readiness(wc)
 	set(wc, v1alpha1.ConditionReady, ready, reason, msg)
 	// MultiKueue dispatch is not wired up yet: DispatchReady must never claim True.
 	set(wc, v1alpha1.ConditionDispatchReady, metav1.ConditionUnknown, ReasonMultiKueueNotConfigured,
 		"the hub does not dispatch to this cluster through MultiKueue yet")
-	return fmt.Sprint(wc.Status.Conditions) != before
+	return fmt.Sprint(wc.Status.ObservedGeneration, wc.Status.Conditions) != before
 }
 
 // readiness is Ready's value: the first unmet condition, in the order a new cluster
@@ -99,7 +113,7 @@ func commitStatus(context string, wc *v1alpha1.WorkerCluster) status.Status {
 	switch {
 	case ready != nil && ready.Status == metav1.ConditionTrue:
 		st.State, st.Description = status.Success, ready.Message
-	case configured != nil && configured.Status == metav1.ConditionFalse && configured.Reason != "OutdatedGeneration":
+	case configured != nil && configured.Status == metav1.ConditionFalse && configured.Reason != tunnel.ReasonOutdated:
 		st.State, st.Description = status.Failure, configured.Message
 	case ready != nil:
 		st.State, st.Description = status.Pending, ready.Message

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path"
 	"slices"
 	"strings"
@@ -49,8 +50,11 @@ type Options struct {
 	Client    client.Client
 	Decryptor *secrets.Decryptor
 	Log       *slog.Logger
-	// OnSync, when set, learns how long each sync of a source took, for metrics.
-	OnSync func(source string, took time.Duration, err error)
+	// OnSync, OnFetch and OnReconcile, when set, learn for metrics how long each sync
+	// of a source, each fetch within it, and each cluster's reconcile took.
+	OnSync      func(source string, took time.Duration, err error)
+	OnFetch     func(source string, took time.Duration, err error)
+	OnReconcile func(source string, took time.Duration, err error)
 	// Plans, when set, keeps the plans of open pull requests: each gets a
 	// <prefix>/plan status on its head, and the store serves the plan pages.
 	Plans *plan.Store
@@ -148,6 +152,9 @@ type Source struct {
 	states map[string]status.State
 	// invalid are the clusters of the last head whose directory does not validate.
 	invalid map[string]string
+	// retry are the clusters whose last reconcile failed on the hub's side (the hub
+	// cluster's API, a KMS): the next sync tries them again even if the head is the same.
+	retry map[string]bool
 	// fleetError is set while fleet.yaml or a preset does not validate.
 	fleetError string
 }
@@ -168,7 +175,7 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{hub: h, opts: opts, git: g, log: h.opts.Log.With("tenant", opts.Tenant, "repository", gitsource.RedactURL(opts.Git.URL)),
-		prefix: fleet.DefaultStatusContextPrefix, states: map[string]status.State{}, invalid: map[string]string{}}
+		prefix: fleet.DefaultStatusContextPrefix, states: map[string]status.State{}, invalid: map[string]string{}, retry: map[string]bool{}}
 	if opts.Statuses != nil {
 		s.publisher = status.NewPublisher(opts.Statuses, status.PublisherOptions{Log: s.log})
 	}
@@ -228,7 +235,7 @@ func (s *Source) syncPlans(ctx context.Context) {
 	}
 	for _, pr := range prs {
 		head := pr.Head.String()
-		if _, done := store.Get(head); done {
+		if _, done := store.Get(head); done || pr.Merged {
 			continue
 		}
 		p, err := plan.Compute(ctx, pr, s.hub.renderer)
@@ -256,8 +263,13 @@ func (s *Source) prefixNow() string {
 func (s *Source) syncBranch(ctx context.Context) error {
 	s.mu.Lock()
 	last := s.last
+	retrying := slices.Sorted(maps.Keys(s.retry))
 	s.mu.Unlock()
+	began := time.Now()
 	snap, ch, err := s.git.Update(ctx, last)
+	if s.hub.opts.OnFetch != nil {
+		s.hub.opts.OnFetch(s.opts.Name, time.Since(began), err)
+	}
 	if err != nil {
 		var ve *gitsource.VerificationError
 		if errors.As(err, &ve) {
@@ -265,7 +277,7 @@ func (s *Source) syncBranch(ctx context.Context) error {
 		}
 		return err
 	}
-	if snap.Commit == last {
+	if snap.Commit == last && len(retrying) == 0 {
 		return nil
 	}
 	head := snap.Commit.String()
@@ -305,16 +317,24 @@ func (s *Source) syncBranch(ctx context.Context) error {
 				names = append(names, name)
 			}
 		}
-		slices.Sort(names)
 	}
-	log.Info("reconciling a new head", "clusters", len(names), "all", ch.All, "reason", ch.Reason)
+	names = append(slices.Clone(names), retrying...)
+	slices.Sort(names)
+	names = slices.Compact(names)
+	log.Info("reconciling a head", "clusters", len(names), "all", ch.All, "reason", ch.Reason, "retrying", len(retrying))
 	for _, name := range names {
 		c := f.Clusters[name]
 		wc := existing[name]
+		began := time.Now()
 		var err error
+		if c == nil {
+			s.mu.Lock()
+			delete(s.invalid, name)
+			s.mu.Unlock()
+		}
 		switch {
 		case c == nil && wc != nil:
-			err = s.decommission(ctx, wc, head)
+			err = s.decommission(ctx, wc, head, f.DecommissionPolicy())
 		case c == nil:
 		case fleetErr != "":
 			// Nothing renders while fleet.yaml or a preset is broken; the workers keep
@@ -322,8 +342,21 @@ func (s *Source) syncBranch(ctx context.Context) error {
 		default:
 			err = s.reconcileCluster(ctx, f, c, wc, head)
 		}
+		if s.hub.opts.OnReconcile != nil {
+			s.hub.opts.OnReconcile(s.opts.Name, time.Since(began), err)
+		}
+		s.mu.Lock()
 		if err != nil {
+			s.retry[name] = true
+		} else {
+			delete(s.retry, name)
+		}
+		s.mu.Unlock()
+		if err != nil {
+			// A fault of the hub's, not of the repository: say so on the commit, keep the
+			// worker as it is, and try again on the next poll.
 			log.Error("reconciling a cluster", "cluster", name, "error", err)
+			s.post(ctx, head, status.Status{Context: s.context(name), State: status.Error, Description: "hub error, retrying: " + err.Error()})
 		}
 	}
 	s.setHead(snap.Commit, fleetErr)
@@ -426,6 +459,10 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		return fail(err.Error())
 	}
 	tok, err := s.hub.opts.Decryptor.TokenHash(ctx, path.Join(c.Dir, fleet.EnrollmentFile), c.Enrollment())
+	if errors.Is(err, secrets.ErrKeyUnavailable) {
+		// The KMS did not answer or refused the hub: nothing is wrong with the file.
+		return err
+	}
 	if err != nil {
 		return fail(err.Error())
 	}
@@ -437,23 +474,29 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 	if wc != nil && wc.Annotations[v1alpha1.SourceDigestAnnotation] == digest && wc.Annotations[v1alpha1.SourceCommitAnnotation] != "" {
 		commit = wc.Annotations[v1alpha1.SourceCommitAnnotation] // nothing of it changed
 	}
-	want := &v1alpha1.WorkerCluster{ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: c.Name}}
-	if wc != nil {
-		want = wc.DeepCopy()
-	}
-	want.Labels = mergeMaps(want.Labels, map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue, v1alpha1.WorkerClusterLabel: identity})
-	want.Annotations = mergeMaps(want.Annotations, map[string]string{v1alpha1.SourceCommitAnnotation: commit, v1alpha1.SourceDigestAnnotation: digest})
-	delete(want.Annotations, invalidAnnotation)
-	delete(want.Annotations, v1alpha1.DecommissionAnnotation)
-	want.Spec = *c.Object.Spec.DeepCopy()
-	want.Spec.EnrollmentTokenHash = tok.String()
-	if wc == nil {
-		err = s.hub.opts.Client.Create(ctx, want)
-	} else {
-		err = s.hub.opts.Client.Update(ctx, want)
-	}
+	key := client.ObjectKey{Namespace: s.opts.Namespace, Name: c.Name}
+	want := &v1alpha1.WorkerCluster{}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		// The agent's reports write the status meanwhile: start from what is stored.
+		exists := true
+		if err := s.hub.opts.Client.Get(ctx, key, want); apierrors.IsNotFound(err) {
+			exists, want = false, &v1alpha1.WorkerCluster{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+		} else if err != nil {
+			return err
+		}
+		want.Labels = mergeMaps(want.Labels, map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue, v1alpha1.WorkerClusterLabel: identity})
+		want.Annotations = mergeMaps(want.Annotations, map[string]string{v1alpha1.SourceCommitAnnotation: commit, v1alpha1.SourceDigestAnnotation: digest})
+		delete(want.Annotations, invalidAnnotation)
+		delete(want.Annotations, v1alpha1.DecommissionAnnotation)
+		want.Spec = *c.Object.Spec.DeepCopy()
+		want.Spec.EnrollmentTokenHash = tok.String()
+		if !exists {
+			return s.hub.opts.Client.Create(ctx, want)
+		}
+		return s.hub.opts.Client.Update(ctx, want)
+	})
 	if err != nil {
-		return fmt.Errorf("writing WorkerCluster %s/%s: %w", want.Namespace, want.Name, err)
+		return fmt.Errorf("writing WorkerCluster %s/%s: %w", key.Namespace, key.Name, err)
 	}
 
 	ds := &protocol.DesiredState{Generation: want.Generation, Hash: res.Hash}
@@ -559,10 +602,15 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 func decommissionHash(wc *v1alpha1.WorkerCluster) string { return "decommission:" + string(wc.UID) }
 
 // decommission asks the agent to prune what it owns; the WorkerCluster goes once it
-// reports done, or at once when the agent is not connected.
-func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, head string) error {
+// reports done, or when the agent does not come back within StaleAfter. Under the
+// Keep policy nothing on the worker changes: the agent is only revoked.
+func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, head string, policy v1alpha1.DecommissionPolicy) error {
 	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
-	s.log.Info("decommissioning a cluster removed from the fleet", "cluster", wc.Name)
+	s.log.Info("decommissioning a cluster removed from the fleet", "cluster", wc.Name, "policy", policy)
+	if policy == v1alpha1.DecommissionKeep {
+		wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.SourceCommitAnnotation: head})
+		return s.finishDecommission(ctx, wc, "decommissioned: the worker keeps its objects (decommission: Keep); the agent is revoked")
+	}
 	s.hub.setDesired(identity, &protocol.DesiredState{Generation: wc.Generation, Hash: decommissionHash(wc), Decommission: true})
 	if err := s.patchStatus(ctx, wc.Name, func(w *v1alpha1.WorkerCluster) { w.Status.DesiredHash = decommissionHash(wc) }); err != nil {
 		return err

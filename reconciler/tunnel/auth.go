@@ -75,7 +75,7 @@ func (s *Server) authenticate(ctx context.Context, r *http.Request) (*admitted, 
 	if identity == "" || len(validation.IsValidLabelValue(identity)) > 0 {
 		return nil, refuse("no valid identity", fp)
 	}
-	wc, err := s.lookup(ctx, identity)
+	wc, err := s.lookup(ctx, identity, fp)
 	if err != nil {
 		return nil, err
 	}
@@ -98,18 +98,18 @@ func bearer(r *http.Request) (string, bool) {
 }
 
 // lookup finds the one WorkerCluster with the identity, in whatever tenant namespace.
-func (s *Server) lookup(ctx context.Context, identity string) (*v1alpha1.WorkerCluster, error) {
+func (s *Server) lookup(ctx context.Context, identity, fp string) (*v1alpha1.WorkerCluster, error) {
 	var list v1alpha1.WorkerClusterList
 	if err := s.opts.Client.List(ctx, &list, client.MatchingLabels{v1alpha1.WorkerClusterLabel: identity}); err != nil {
 		return nil, fmt.Errorf("listing WorkerClusters of identity %s: %w", identity, err)
 	}
 	switch len(list.Items) {
 	case 0:
-		return nil, refuse("no WorkerCluster has this identity", "")
+		return nil, refuse("no WorkerCluster has this identity", fp)
 	case 1:
 		return &list.Items[0], nil
 	}
-	return nil, refuse(fmt.Sprintf("%d WorkerClusters claim this identity", len(list.Items)), "")
+	return nil, refuse(fmt.Sprintf("%d WorkerClusters claim this identity", len(list.Items)), fp)
 }
 
 // redeem consumes the enrollment token: the redemption is recorded with an optimistic
@@ -134,6 +134,7 @@ func (s *Server) redeem(ctx context.Context, wc *v1alpha1.WorkerCluster, present
 		return nil, err
 	}
 	now := metav1.NewTime(s.opts.Now())
+	before := wc.DeepCopy()
 	patch := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	wc.Status.Enrollment = &v1alpha1.Enrollment{
 		TokenHash:             wc.Spec.EnrollmentTokenHash,
@@ -148,6 +149,13 @@ func (s *Server) redeem(ctx context.Context, wc *v1alpha1.WorkerCluster, present
 		return nil, fmt.Errorf("recording the redemption on WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
 	if err := s.writeCredential(ctx, wc, cred.Hash(), secrets.Hash{}); err != nil {
+		// Without a stored credential hash the agent could never connect again: give the
+		// token back so that its next attempt can redeem it.
+		undo := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		wc.Status.Enrollment = before.Status.Enrollment
+		if uerr := s.opts.Client.Status().Patch(ctx, wc, undo); uerr != nil {
+			s.opts.Log.Error("undoing a redemption whose credential could not be stored", "identity", wc.Labels[v1alpha1.WorkerClusterLabel], "fingerprint", fp, "error", uerr)
+		}
 		return nil, err
 	}
 	return &admitted{wc: wc, credential: cred, fingerprint: fp}, nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
@@ -233,6 +234,9 @@ func (s *session) applied(ctx context.Context, a *protocol.Applied) error {
 			wc.Status.AppliedHash = a.Hash
 		}
 		setCondition(wc, v1alpha1.ConditionWorkerConfigured, status, reason, msg)
+		// The report is about the generation the agent was sent, which may be older
+		// than the WorkerCluster's by now; the hub judges it against the current one.
+		meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionWorkerConfigured).ObservedGeneration = a.Generation
 	})
 }
 
@@ -278,6 +282,15 @@ func (s *session) inventory(ctx context.Context, inv *protocol.Inventory) error 
 // rotate issues a new credential. The old one stays valid until the agent confirms it
 // stored the new one, so a rotation cut short by a disconnect never locks it out.
 func (s *session) rotate(ctx context.Context) error {
+	s.mu.Lock()
+	inFlight := !s.pending.IsZero()
+	s.mu.Unlock()
+	if inFlight {
+		// The agent has not confirmed the last one: a second pending credential could
+		// leave it holding one the hub no longer accepts.
+		s.log.Warn("not rotating the agent credential: the last rotation is unconfirmed")
+		return nil
+	}
 	cred, err := secrets.NewToken()
 	if err != nil {
 		return err
@@ -330,16 +343,23 @@ func (s *session) credentialStored(ctx context.Context, m *protocol.CredentialSt
 // patchStatus changes the WorkerCluster's status from its current state, retrying on
 // conflicts with other writers (the hub's reconciler writes conditions too).
 func (s *session) patchStatus(ctx context.Context, mutate func(*v1alpha1.WorkerCluster)) error {
+	changed := false
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var wc v1alpha1.WorkerCluster
 		if err := s.srv.opts.Client.Get(ctx, client.ObjectKeyFromObject(s.wc), &wc); err != nil {
 			return err
 		}
-		patch := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		before := wc.DeepCopy()
+		patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
 		mutate(&wc)
+		// Resync acknowledgements and inventories mostly repeat what is stored; with
+		// thousands of agents, writing them anyway would be a steady load for nothing.
+		if changed = !equality.Semantic.DeepEqual(before.Status, wc.Status); !changed {
+			return nil
+		}
 		return s.srv.opts.Client.Status().Patch(ctx, &wc, patch)
 	})
-	if err == nil && s.srv.opts.OnStatus != nil {
+	if err == nil && changed && s.srv.opts.OnStatus != nil {
 		s.srv.opts.OnStatus(ctx, client.ObjectKeyFromObject(s.wc))
 	}
 	return err
