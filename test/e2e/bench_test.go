@@ -125,9 +125,9 @@ func BenchmarkIdleAgents(b *testing.B) {
 		b.Fatal("the simulated agents stopped")
 	}
 	waitAcks(n)
-	for h.srv.Sessions() < n {
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(b, "every simulated agent registered", func() (bool, string) {
+		return h.srv.Sessions() >= n, fmt.Sprintf("%d of %d sessions", h.srv.Sessions(), n)
+	})
 
 	runtime.GC()
 	var after runtime.MemStats

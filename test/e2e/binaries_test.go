@@ -18,10 +18,13 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-gitops/flotilla/gitsource/status"
 	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
 	"github.com/flotilla-gitops/flotilla/test/sopstest"
 )
@@ -80,6 +83,7 @@ func freeAddr(t *testing.T) string {
 // would, and checks what they do to each other when killed and restarted.
 func TestRealBinaries(t *testing.T) {
 	ctx := t.Context()
+	outer := t // processes started in a case below outlive it
 	dir := t.TempDir()
 	tenant, ns := "procs", "tenant-procs"
 	if err := hub().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
@@ -106,6 +110,7 @@ func TestRealBinaries(t *testing.T) {
 listen:
   tunnel: %s
   http: %s
+publicURL: http://%s
 allowInsecureLoopback: true
 age:
   identityFiles: [%s]
@@ -121,7 +126,7 @@ sources:
   tenant: %s
   namespace: %s
   poll: 500ms
-`, hubKubeconfig, tunnelAddr, httpAddr, keyFile, ns, repo.URL(), tenant, ns))
+`, hubKubeconfig, tunnelAddr, httpAddr, httpAddr, keyFile, ns, repo.URL(), tenant, ns))
 	hubProc := startProcess(t, "flotilla-hub", "--config", config)
 
 	notes, err := gitnotes.New(gitnotes.Options{URL: repo.URL()})
@@ -130,7 +135,19 @@ sources:
 	}
 	f := &fleetRepo{t: t, dir: checkout, repo: repo, notes: notes, tenant: tenant, ns: ns}
 	repo.Branch("main", "add-gpu-p")
-	f.addCluster("add-gpu-p", "gpu-p")
+	valuesP, branchHead := f.addCluster("add-gpu-p", "gpu-p")
+	repo.SetRef("refs/pull/1/head", "add-gpu-p")
+	planned := f.waitStatus(branchHead, "flotilla/plan", status.Success, "+1 cluster")
+	// The plan's link is the page a reviewer opens: gpu-p's rendered objects, added.
+	if want := "http://" + httpAddr + "/plans/" + branchHead; planned.TargetURL != want {
+		t.Fatalf("the plan links to %q, want %q", planned.TargetURL, want)
+	}
+	if page, code := get(t, planned.TargetURL); code != http.StatusOK || !strings.Contains(page, "gpu-p") || !strings.Contains(page, "ClusterQueue") {
+		t.Fatalf("GET %s = %d:\n%s", planned.TargetURL, code, page)
+	}
+	if err := hub().Get(ctx, types.NamespacedName{Namespace: ns, Name: "gpu-p"}, &v1alpha1.WorkerCluster{}); err == nil {
+		t.Fatal("a plan created the WorkerCluster")
+	}
 	merge := repo.Merge("main", "add-gpu-p", "Merge: add gpu-p")
 	f.waitStatus(merge, "flotilla/gpu-p", status.Pending, "enrollment token")
 
@@ -138,12 +155,27 @@ sources:
 	if err := worker().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNS}}); err != nil {
 		t.Fatal(err)
 	}
-	values := filepath.Join(checkout, "values.gpu-p.local.yaml")
-	agentArgs := []string{"--values", values, "--kubeconfig", workerKubeconfig, "--namespace", agentNS, "--allow-insecure-loopback", "--heartbeat", "1s", "--listen", freeAddr(t)}
+	valuesFile := filepath.Join(checkout, "values.gpu-p.local.yaml")
+	agentArgs := []string{"--values", valuesFile, "--kubeconfig", workerKubeconfig, "--namespace", agentNS, "--allow-insecure-loopback", "--heartbeat", "1s", "--listen", freeAddr(t)}
 	agentProc := startProcess(t, "flotilla-agent", agentArgs...)
 	f.waitStatus(merge, "flotilla/gpu-p", status.Success, "ready")
 
 	wcKey := types.NamespacedName{Namespace: ns, Name: "gpu-p"}
+	var wc v1alpha1.WorkerCluster
+	if err := hub().Get(ctx, wcKey, &wc); err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range []string{v1alpha1.ConditionRegistered, v1alpha1.ConditionConnected, v1alpha1.ConditionWorkerConfigured, v1alpha1.ConditionReady} {
+		if c := condition(&wc, typ); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != wc.Generation {
+			t.Errorf("%s = %+v, want True at generation %d", typ, c, wc.Generation)
+		}
+	}
+	if c := condition(&wc, v1alpha1.ConditionDispatchReady); c == nil || c.Status != metav1.ConditionUnknown || c.Reason != "MultiKueueNotConfigured" {
+		t.Errorf("DispatchReady = %+v, want Unknown MultiKueueNotConfigured", c)
+	}
+	if wc.Status.ObservedGeneration != wc.Generation {
+		t.Errorf("status.observedGeneration %d, generation %d", wc.Status.ObservedGeneration, wc.Generation)
+	}
 	connected := func(want metav1.ConditionStatus) {
 		t.Helper()
 		eventually(t, "Connected="+string(want), func() (bool, string) {
@@ -158,12 +190,15 @@ sources:
 
 	t.Run("a second cluster on another worker, then a preset change reconfigures both", func(t *testing.T) {
 		second := write("worker2.kubeconfig", planes[2].KubeConfig)
-		f.addCluster("main", "gpu-q")
-		added := repo.Head("main")
+		repo.Branch("main", "add-gpu-q")
+		_, prHead := f.addCluster("add-gpu-q", "gpu-q")
+		repo.SetRef("refs/pull/3/head", "add-gpu-q")
+		f.waitStatus(prHead, "flotilla/plan", status.Success, "+1 cluster")
+		added := repo.Merge("main", "add-gpu-q", "Merge: add gpu-q")
 		if err := planes[2].Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flotilla-gpu-q"}}); err != nil {
 			t.Fatal(err)
 		}
-		startProcess(t, "flotilla-agent", "--values", filepath.Join(checkout, "values.gpu-q.local.yaml"), "--kubeconfig", second,
+		startProcess(outer, "flotilla-agent", "--values", filepath.Join(checkout, "values.gpu-q.local.yaml"), "--kubeconfig", second,
 			"--namespace", "flotilla-gpu-q", "--allow-insecure-loopback", "--heartbeat", "1s", "--listen", freeAddr(t))
 		f.waitStatus(added, "flotilla/gpu-q", status.Success, "ready")
 
@@ -187,6 +222,42 @@ sources:
 				t.Fatalf("worker %d's ClusterQueue has queueingStrategy %q after the preset change", i+1, s)
 			}
 		}
+	})
+
+	t.Run("a cordon by pull request puts the ClusterQueue on hold", func(t *testing.T) {
+		file := filepath.Join(checkout, "clusters", "gpu-q", "cluster.yaml")
+		cli(t, "cluster", "cordon", "gpu-q", "--dir", checkout)
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		repo.Branch("main", "cordon-gpu-q")
+		prHead := repo.Commit("cordon-gpu-q", "cordon gpu-q", map[string][]byte{"clusters/gpu-q/cluster.yaml": data})
+		repo.SetRef("refs/pull/2/head", "cordon-gpu-q")
+		f.waitStatus(prHead, "flotilla/plan", status.Success, "~1")
+		merged := repo.Merge("main", "cordon-gpu-q", "Merge: cordon gpu-q")
+		f.waitStatus(merged, "flotilla/gpu-q", status.Success, "ready")
+		var cq unstructured.Unstructured
+		cq.SetGroupVersionKind(schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "ClusterQueue"})
+		if err := planes[2].Client.Get(ctx, types.NamespacedName{Name: "cluster-queue"}, &cq); err != nil {
+			t.Fatal(err)
+		}
+		if p, _, _ := unstructured.NestedString(cq.Object, "spec", "stopPolicy"); p != "Hold" {
+			t.Fatalf("gpu-q's ClusterQueue has stopPolicy %q after the cordon", p)
+		}
+	})
+
+	t.Run("an invalid cluster fails alone, naming the file and line", func(t *testing.T) {
+		before := f.statusCommit("gpu-p")
+		bad := repo.Commit("main", "a cluster in a forbidden place", map[string][]byte{"clusters/gpu-x/cluster.yaml": []byte("apiVersion: flotilla.dev/v1alpha1\nkind: WorkerCluster\nmetadata:\n  name: gpu-x\nspec:\n  region: us-east1\n  residency: mars\n  preset: gpu\n")})
+		f.waitStatus(bad, "flotilla/gpu-x", status.Failure, "clusters/gpu-x/cluster.yaml:7:")
+		f.waitStatus(bad, "flotilla/fleet", status.Failure, "invalid")
+		if got := f.statusCommit("gpu-p"); got != before {
+			t.Fatalf("gpu-p's status moved to %s, a commit that did not touch it", got)
+		}
+		f.waitStatus(before, "flotilla/gpu-p", status.Success, "ready")
+		dropped := repo.Commit("main", "drop the invalid cluster", map[string][]byte{"clusters/gpu-x/cluster.yaml": nil})
+		f.waitStatus(dropped, "flotilla/fleet", status.Success, "2 of 2 clusters ready")
 	})
 
 	t.Run("the hub serves health, readiness and metrics", func(t *testing.T) {
@@ -229,7 +300,12 @@ sources:
 		killed := time.Now()
 		agentProc.stop(syscall.SIGKILL)
 		connected(metav1.ConditionFalse)
-		t.Logf("disconnection recorded %s after the kill (hub heartbeat timeout 2s)", time.Since(killed).Round(time.Millisecond))
+		// The hub's heartbeat timeout is 2 s; the slack is for a loaded machine.
+		if took := time.Since(killed); took > 10*time.Second {
+			t.Fatalf("the disconnection was recorded %s after the kill", took.Round(time.Millisecond))
+		} else {
+			t.Logf("disconnection recorded %s after the kill (hub heartbeat timeout 2s)", took.Round(time.Millisecond))
+		}
 		f.waitStatus(f.statusCommit("gpu-p"), "flotilla/gpu-p", status.Pending, "")
 		agentProc.start()
 		f.waitStatus(f.statusCommit("gpu-p"), "flotilla/gpu-p", status.Success, "ready")
@@ -249,6 +325,7 @@ sources:
 		})
 		connected(metav1.ConditionTrue)
 		f.waitStatus(f.statusCommit("gpu-p"), "flotilla/gpu-p", status.Success, "ready")
+		f.waitStatus(f.statusCommit("gpu-q"), "flotilla/gpu-q", status.Success, "ready")
 		after, err := notes.Read(ctx, current)
 		if err != nil {
 			t.Fatal(err)
@@ -265,12 +342,49 @@ sources:
 		for p := range readDir(t, checkout, "clusters/gpu-p") {
 			rm[p] = nil
 		}
+		cli(t, "cluster", "remove", "gpu-p", "--dir", checkout)
+		if _, err := os.Stat(filepath.Join(checkout, "clusters", "gpu-p")); !os.IsNotExist(err) {
+			t.Fatalf("flotilla cluster remove left clusters/gpu-p: %v", err)
+		}
 		removed := repo.Commit("main", "remove gpu-p", rm)
 		f.waitStatus(removed, "flotilla/gpu-p", status.Success, "decommissioned")
 		eventually(t, "the WorkerCluster gone", func() (bool, string) {
 			err := hub().Get(context.Background(), wcKey, &v1alpha1.WorkerCluster{})
 			return err != nil, "still there"
 		})
+		if err := hub().Get(ctx, types.NamespacedName{Namespace: ns, Name: tunnel.CredentialSecretName("gpu-p")}, &corev1.Secret{}); err == nil {
+			t.Fatal("the agent's credential was not revoked")
+		}
+		var cqs unstructured.UnstructuredList
+		cqs.SetGroupVersionKind(schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "ClusterQueueList"})
+		if err := worker().List(ctx, &cqs, client.MatchingLabels{v1alpha1.WorkerClusterLabel: valuesP.Cluster.Identity}); err != nil || len(cqs.Items) != 0 {
+			t.Fatalf("the worker still has %d ClusterQueues of gpu-p (%v)", len(cqs.Items), err)
+		}
+	})
+
+	t.Run("no token reaches a log or a commit status", func(t *testing.T) {
+		// Everything the repository holds, commit statuses (git notes) included.
+		mirror := filepath.Join(dir, "mirror.git")
+		if out, err := exec.Command("git", "clone", "-q", "--mirror", repo.URL(), mirror).CombinedOutput(); err != nil {
+			t.Fatalf("git clone --mirror: %v\n%s", err, out)
+		}
+		notes, err := exec.Command("git", "-C", mirror, "log", "--all", "-p").CombinedOutput()
+		if err != nil || !strings.Contains(string(notes), "flotilla/gpu-q") {
+			t.Fatalf("git log of the statuses: %v", err)
+		}
+		for _, name := range []string{"gpu-p", "gpu-q"} {
+			data, err := os.ReadFile(filepath.Join(checkout, "values."+name+".local.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var v values
+			if err := yaml.Unmarshal(data, &v); err != nil {
+				t.Fatal(err)
+			}
+			notContains(t, "the hub's log", hubProc.log.String(), v.Enrollment.Token)
+			notContains(t, "gpu-p's agent's log", agentProc.log.String(), v.Enrollment.Token)
+			notContains(t, "the repository", string(notes), v.Enrollment.Token)
+		}
 	})
 }
 

@@ -186,6 +186,24 @@ func (c *fleetCase) cleanup() {
 	_ = hub().DeleteAllOf(ctx, &v1alpha1.WorkerCluster{}, client.InNamespace(c.ns))
 }
 
+// deleteOwned deletes from the worker what an identity's agent applied and left there.
+func deleteOwned(identity string) {
+	ctx := context.Background()
+	for _, gvk := range apply.PruneKinds() {
+		if gvk.Kind == "Namespace" {
+			continue
+		}
+		var list unstructured.UnstructuredList
+		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+		if err := worker().List(ctx, &list, client.MatchingLabels{v1alpha1.WorkerClusterLabel: identity}); err != nil {
+			continue
+		}
+		for i := range list.Items {
+			_ = worker().Delete(ctx, &list.Items[i])
+		}
+	}
+}
+
 func (c *fleetCase) wc() *v1alpha1.WorkerCluster {
 	c.t.Helper()
 	var wc v1alpha1.WorkerCluster

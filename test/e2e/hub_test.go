@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -427,6 +428,97 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		if err := worker().List(t.Context(), &cqs, client.MatchingLabels{v1alpha1.WorkerClusterLabel: v.Cluster.Identity}); err != nil || len(cqs.Items) != 0 {
 			t.Fatalf("the worker still has %d ClusterQueues of gpu-a (%v)", len(cqs.Items), err)
 		}
+	})
+}
+
+func TestHubFaultsAndKeptDecommission(t *testing.T) {
+	f := newFleetRepo(t, "keep")
+	ctx := t.Context()
+
+	// An admission policy that refuses every WorkerCluster write in the namespace: to
+	// the hub, a fault of the hub cluster's, not of the repository.
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: "freeze-" + f.ns},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{v1alpha1.GroupVersion.Group}, APIVersions: []string{"*"}, Resources: []string{"workerclusters"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "WorkerClusters are frozen in this namespace"}},
+		}}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: policy.Name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{corev1.LabelMetadataName: f.ns}}}}}
+	for _, o := range []client.Object{policy, binding} {
+		if err := hub().Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = hub().Delete(context.Background(), o) })
+	}
+	probe := func() error {
+		wc := &v1alpha1.WorkerCluster{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "probe"},
+			Spec: v1alpha1.WorkerClusterSpec{Region: "us-east1", Residency: "us", Preset: "gpu"}}
+		return hub().Create(ctx, wc, client.DryRunAll)
+	}
+	// Policies take effect a moment after they are written.
+	eventually(t, "the policy in force", func() (bool, string) {
+		err := probe()
+		return err != nil && strings.Contains(err.Error(), "frozen"), fmt.Sprint(err)
+	})
+	v, _ := f.addCluster("main", "gpu-k")
+	added := f.repo.Head("main")
+	f.src.Trigger()
+	t.Run("a hub fault is an error on the commit, retried without a new commit", func(t *testing.T) {
+		st := f.waitStatus(added, "flotilla/gpu-k", status.Error, "hub error")
+		t.Logf("error: %s", st.Description)
+		if err := hub().Delete(ctx, binding); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the policy lifted", func() (bool, string) {
+			err := probe()
+			return err == nil, fmt.Sprint(err)
+		})
+		f.src.Trigger()
+		f.waitStatus(added, "flotilla/gpu-k", status.Pending, "enrollment token")
+	})
+
+	f.startAgent(v)
+	f.waitStatus(added, "flotilla/gpu-k", status.Success, "ready")
+
+	t.Run("decommission: Keep revokes the agent and leaves the worker's objects", func(t *testing.T) {
+		fleetFile, err := os.ReadFile(filepath.Join(f.dir, "fleet.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		keep := strings.Replace(string(fleetFile), "decommission: Prune", "decommission: Keep", 1)
+		if keep == string(fleetFile) {
+			t.Fatalf("fleet.yaml has no decommission: Prune:\n%s", fleetFile)
+		}
+		change := map[string][]byte{"fleet.yaml": []byte(keep)}
+		for p := range readDir(t, f.dir, "clusters/gpu-k") {
+			change[p] = nil
+		}
+		removed := f.repo.Commit("main", "hand gpu-k over", change)
+		f.src.Trigger()
+		f.waitStatus(removed, "flotilla/gpu-k", status.Success, "Keep")
+		eventually(t, "the WorkerCluster gone", func() (bool, string) {
+			err := hub().Get(ctx, types.NamespacedName{Namespace: f.ns, Name: "gpu-k"}, &v1alpha1.WorkerCluster{})
+			return err != nil, "still there"
+		})
+		if err := hub().Get(ctx, types.NamespacedName{Namespace: f.ns, Name: tunnel.CredentialSecretName("gpu-k")}, &corev1.Secret{}); err == nil {
+			t.Fatal("the agent's credential was not revoked")
+		}
+		var cqs unstructured.UnstructuredList
+		cqs.SetGroupVersionKind(schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "ClusterQueueList"})
+		if err := worker().List(ctx, &cqs, client.MatchingLabels{v1alpha1.WorkerClusterLabel: v.Cluster.Identity}); err != nil || len(cqs.Items) == 0 {
+			t.Fatalf("the worker kept %d ClusterQueues of gpu-k (%v)", len(cqs.Items), err)
+		}
+		// The kept objects would stand in the way of the clusters of later tests on
+		// this shared worker.
+		t.Cleanup(func() { deleteOwned(v.Cluster.Identity) })
 	})
 }
 

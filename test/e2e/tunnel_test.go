@@ -3,9 +3,11 @@ package e2e
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -294,19 +296,55 @@ func TestFaultsConverge(t *testing.T) {
 	stopCurrent, _ := runAgent(t, c, h, true, nil)
 	c.configured()
 	cred := workerSecret(t, c)
-	versions := func() map[string]string {
+	snapshot := func() (map[string]string, error) {
 		out := map[string]string{}
 		for _, o := range c.res.Objects {
+			live := &unstructured.Unstructured{}
+			live.SetGroupVersionKind(o.GroupVersionKind())
+			if err := worker().Get(context.Background(), client.ObjectKeyFromObject(o), live); err != nil {
+				return nil, err
+			}
+			out[o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName()] = live.GetResourceVersion()
+		}
+		return out, nil
+	}
+	versions := func() map[string]string {
+		out, err := snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	applied := versions()
+	// change gives the cluster a new desired state, its ClusterQueue queueing by
+	// strategy, without pushing it: the tunnel must deliver it by itself.
+	change := func(t *testing.T, generation int64, strategy string) {
+		c.state, c.res = rendered(t, generation, func(objs []*unstructured.Unstructured) []*unstructured.Unstructured {
+			for _, o := range objs {
+				if o.GetKind() == "ClusterQueue" {
+					_ = unstructured.SetNestedField(o.Object, strategy, "spec", "queueingStrategy")
+				}
+			}
+			return objs
+		})
+		c.desired.set(c.identity, c.state)
+	}
+	queueing := func(t *testing.T, want string) {
+		t.Helper()
+		for _, o := range c.res.Objects {
+			if o.GetKind() != "ClusterQueue" {
+				continue
+			}
 			live := &unstructured.Unstructured{}
 			live.SetGroupVersionKind(o.GroupVersionKind())
 			if err := worker().Get(t.Context(), client.ObjectKeyFromObject(o), live); err != nil {
 				t.Fatal(err)
 			}
-			out[o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName()] = live.GetResourceVersion()
+			if got, _, _ := unstructured.NestedString(live.Object, "spec", "queueingStrategy"); got != want {
+				t.Fatalf("ClusterQueue %s queues %q, want %q", o.GetName(), got, want)
+			}
 		}
-		return out
 	}
-	applied := versions()
 	unchanged := func(t *testing.T) {
 		t.Helper()
 		for k, v := range versions() {
@@ -316,23 +354,39 @@ func TestFaultsConverge(t *testing.T) {
 		}
 	}
 
-	t.Run("the hub restarts", func(t *testing.T) {
+	t.Run("the hub restarts and delivers what changed meanwhile", func(t *testing.T) {
+		change(t, 2, "StrictFIFO")
 		h.restart()
 		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, "")
 		eventually(t, "the new hub has the agent", func() (bool, string) { return h.srv.Connected(c.identity), "" })
 		c.configured()
-		unchanged(t)
+		queueing(t, "StrictFIFO")
+		applied = versions()
 	})
-	t.Run("the tunnel is cut mid-apply", func(t *testing.T) {
+	t.Run("the tunnel is cut mid-apply: the state lands once", func(t *testing.T) {
 		stopCurrent()
-		cut := &cutOnce{srv: h.srv, identity: c.identity}
+		change(t, 3, "BestEffortFIFO")
+		var afterCut map[string]string
+		var afterCutErr error
+		cut := &cutOnce{srv: h.srv, identity: c.identity, afterFirst: func() { afterCut, afterCutErr = snapshot() }}
 		// This agent stays for the cases below.
 		stopCurrent, _ = runAgent(outer, c, h, false, func(o *agent.Options) { cut.next = o.Applier; o.Applier = cut })
 		eventually(t, "the cut apply done and the state applied after the redial", func() (bool, string) {
 			return cut.applies.Load() >= 2 && h.srv.Connected(c.identity), fmt.Sprintf("%d applies", cut.applies.Load())
 		})
 		c.configured()
-		unchanged(t)
+		queueing(t, "BestEffortFIFO")
+		applied = versions()
+		if afterCutErr != nil {
+			t.Fatal(afterCutErr)
+		}
+		// The apply whose acknowledgement was lost changed the objects; applying the
+		// same state again after the redial must write nothing.
+		for k, v := range applied {
+			if afterCut[k] != v {
+				t.Fatalf("%s was written again after the redial (resourceVersion %s → %s)", k, afterCut[k], v)
+			}
+		}
 	})
 	t.Run("a second connection of the identity replaces the first cleanly", func(t *testing.T) {
 		mark := len(h.log.String())
@@ -365,23 +419,35 @@ func TestFaultsConverge(t *testing.T) {
 		c.configured()
 		unchanged(t)
 	})
+	// The hub gives a new tunnel HandshakeTimeout (10 s) to say hello; each refusal
+	// below must come well before that, or it is the silence being refused, not the input.
+	const refusedWithin = 3 * time.Second
 	t.Run("garbage frames do not disturb the live agent", func(t *testing.T) {
-		ws, resp, body := dialRaw(t, h, c.identity, protocol.AuthCredential, cred, protocol.ProtocolVersion)
-		if ws == nil {
-			t.Fatalf("dial: %v %s", resp, body)
-		}
-		_ = ws.WriteMessage(websocket.TextMessage, []byte("{not yamux"))
-		_ = ws.WriteMessage(websocket.BinaryMessage, []byte{0xff, 0xfe, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
-		_, _, err := ws.ReadMessage()
-		if err == nil {
-			t.Fatal("the hub kept a tunnel that sent garbage")
-		}
-		_ = ws.Close()
-		if !h.srv.Connected(c.identity) {
-			t.Fatal("the garbage connection displaced the agent")
+		for name, frame := range map[string]struct {
+			kind int
+			data []byte
+		}{
+			"a text frame":             {websocket.TextMessage, []byte("{not yamux")},
+			"a binary non-yamux frame": {websocket.BinaryMessage, []byte{0xff, 0xfe, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9}},
+		} {
+			ws, resp, body := dialRaw(t, h, c.identity, protocol.AuthCredential, cred, protocol.ProtocolVersion)
+			if ws == nil {
+				t.Fatalf("dial: %v %s", resp, body)
+			}
+			_ = ws.WriteMessage(frame.kind, frame.data)
+			_ = ws.SetReadDeadline(time.Now().Add(refusedWithin))
+			_, _, err := ws.ReadMessage()
+			var ne net.Error
+			if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+				t.Fatalf("%s: the hub kept the tunnel (%v)", name, err)
+			}
+			_ = ws.Close()
+			if !h.srv.Connected(c.identity) {
+				t.Fatalf("%s: the garbage connection displaced the agent", name)
+			}
 		}
 	})
-	t.Run("a message over the size cap closes that tunnel only", func(t *testing.T) {
+	t.Run("a live tunnel answers what it cannot use and is closed by a message over the size cap", func(t *testing.T) {
 		ws, resp, body := dialRaw(t, h, c.identity, protocol.AuthCredential, cred, protocol.ProtocolVersion)
 		if ws == nil {
 			t.Fatalf("dial: %v %s", resp, body)
@@ -395,18 +461,51 @@ func TestFaultsConverge(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var hdr [4]byte
-		binary.BigEndian.PutUint32(hdr[:], protocol.MaxMessageSize+1)
-		_, _ = st.Write(hdr[:])
+		conn := protocol.NewConn(st)
+		// A hello makes this the identity's live tunnel, as a confused second agent would.
+		if err := conn.Send(protocol.TypeHello, &protocol.Hello{Identity: c.identity, AgentVersion: "intruder"}); err != nil {
+			t.Fatal(err)
+		}
+		refusal := func(code string) {
+			t.Helper()
+			_ = st.SetReadDeadline(time.Now().Add(refusedWithin))
+			for {
+				_, body, err := conn.Receive()
+				if err != nil {
+					t.Fatalf("waiting for a %s refusal: %v", code, err)
+				}
+				if e, ok := body.(*protocol.Error); ok {
+					if e.Code != code {
+						t.Fatalf("refused with %s (%s), want %s", e.Code, e.Message, code)
+					}
+					return
+				}
+			}
+		}
+		if err := conn.Send("bogus", struct{}{}); err != nil {
+			t.Fatal(err)
+		}
+		refusal(protocol.CodeUnknownType)
+		raw, _ := json.Marshal(protocol.Envelope{Version: protocol.ProtocolVersion + 1, Type: protocol.TypeHeartbeat, Body: json.RawMessage(`{}`)})
+		var frame [4]byte
+		binary.BigEndian.PutUint32(frame[:], uint32(len(raw)))
+		if _, err := st.Write(append(frame[:], raw...)); err != nil {
+			t.Fatal(err)
+		}
+		refusal(protocol.CodeUnsupportedVersion)
+
+		binary.BigEndian.PutUint32(frame[:], protocol.MaxMessageSize+1)
+		_, _ = st.Write(frame[:])
 		_, _ = st.Write(make([]byte, 1024))
-		eventually(t, "the oversized stream closed", func() (bool, string) {
-			_ = st.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-			// The hub's refusal may come first; the stream must end after it.
-			_, err := io.Copy(io.Discard, st)
-			return err == nil || !errors.Is(err, yamux.ErrTimeout), "open"
-		})
-		// The agent's own tunnel was never replaced (the intruder sent no hello).
+		_ = st.SetReadDeadline(time.Now().Add(refusedWithin))
+		if _, err := io.Copy(io.Discard, st); errors.Is(err, yamux.ErrTimeout) {
+			t.Fatal("the hub kept reading a stream whose message is over the size cap")
+		}
+		// The real agent redials and takes its place back, with nothing to apply again.
 		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, "")
+		eventually(t, "the agent back", func() (bool, string) { return h.srv.Connected(c.identity), "" })
+		c.configured()
+		unchanged(t)
 	})
 	t.Run("a peer that stops answering is dropped, and comes back", func(t *testing.T) {
 		// The agent's tunnel runs through a link that the test cuts without closing:
@@ -419,7 +518,15 @@ func TestFaultsConverge(t *testing.T) {
 			return link.conns() > 0 && h.srv.Connected(c.identity), ""
 		})
 		link.freeze()
+		frozen := time.Now()
 		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionFalse, tunnel.ReasonTunnelDown)
+		// Within the heartbeat timeout, with slack for a loaded machine: far below what
+		// TCP alone would take to notice a partition.
+		if took := time.Since(frozen); took > fast.Timeout+9*time.Second {
+			t.Fatalf("the silent peer was dropped %s after it went quiet (heartbeat timeout %s)", took.Round(time.Millisecond), fast.Timeout)
+		} else {
+			t.Logf("the silent peer was dropped %s after it went quiet (heartbeat timeout %s)", took.Round(time.Millisecond), fast.Timeout)
+		}
 		link.thaw()
 		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, tunnel.ReasonTunnelUp)
 		c.configured()
@@ -466,15 +573,21 @@ func TestGPUInventoryReachesTheHub(t *testing.T) {
 // cutOnce is an applier that cuts the hub's end of the tunnel during its first apply
 // and then applies all the same, as when a link fails while a state is being applied.
 type cutOnce struct {
-	srv      *tunnel.Server
-	identity string
-	next     agent.Applier
-	applies  atomic.Int32
+	srv        *tunnel.Server
+	identity   string
+	next       agent.Applier
+	afterFirst func() // runs once the cut apply is done
+	applies    atomic.Int32
 }
 
 func (c *cutOnce) Apply(ctx context.Context, st protocol.DesiredState) protocol.Applied {
-	if c.applies.Add(1) == 1 {
+	first := c.applies.Add(1) == 1
+	if first {
 		c.srv.Disconnect(c.identity)
 	}
-	return c.next.Apply(ctx, st)
+	res := c.next.Apply(ctx, st)
+	if first && c.afterFirst != nil {
+		c.afterFirst()
+	}
+	return res
 }
