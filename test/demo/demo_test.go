@@ -351,6 +351,8 @@ kubeconfig: %q
 listen:
   tunnel: %q
   http: %q
+# Where people open the pull-request plans the hub links from its plan statuses.
+publicURL: %q
 # Agents on this machine dial ws://127.0.0.1: no certificate needed on loopback.
 allowInsecureLoopback: true
 age:
@@ -365,7 +367,7 @@ sources:
     webhookSecretFile: %q
     statuses:
       kind: notes
-`, filepath.Join(d.root, "kubeconfigs", "hub.yaml"), d.tunnelAddr, d.httpAddr, filepath.Join(d.root, "hub", "hub.agekey"),
+`, filepath.Join(d.root, "kubeconfigs", "hub.yaml"), d.tunnelAddr, d.httpAddr, "http://"+d.httpAddr, filepath.Join(d.root, "hub", "hub.agekey"),
 		source, d.repoURL, tenant, namespace, poll, secretFile)
 	configFile := filepath.Join(d.root, "hub", "config.yaml")
 	if err := os.WriteFile(configFile, []byte(config), 0o600); err != nil {
