@@ -312,10 +312,12 @@ func (a *Agent) handle(ctx context.Context, conn *protocol.Conn, body any) error
 			a.mu.Unlock()
 		}
 		a.opts.Log.Info("applied the desired state", "hash", m.Hash, "generation", m.Generation, "objects", len(res.Results), "complete", res.Complete())
+		// The inventory goes first: the report that makes the cluster ready should find
+		// its GPUs already known, so that the first green status counts them.
+		a.sendInventory(ctx, conn)
 		if err := conn.Send(protocol.TypeApplied, &res); err != nil {
 			return err
 		}
-		a.sendInventory(ctx, conn)
 	case *protocol.RotateCredential:
 		if err := a.storeCredential(ctx, m.Credential); err != nil {
 			// Not confirmed: the hub keeps accepting the old credential.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -25,12 +26,22 @@ const deleteAttempts = 3
 // Kinds the API server does not serve are skipped; a kind that cannot be listed is an
 // error, and the other kinds are still pruned.
 func (a *Applier) prune(ctx context.Context, kinds []schema.GroupVersionKind, keep map[objectKey]bool, report func(protocol.ObjectResult)) error {
+	// The lists go out together: an API server answers the first list of a custom
+	// resource only once its watch cache is ready (a second, on a fresh one), and
+	// waiting for each kind in turn would add those seconds up. Deletes keep the order.
+	owned := make([][]metav1.PartialObjectMetadata, len(kinds))
+	listErrs := make([]error, len(kinds))
+	var wg sync.WaitGroup
+	for i, gvk := range kinds {
+		wg.Go(func() { owned[i], listErrs[i] = a.listOwned(ctx, gvk) })
+	}
+	wg.Wait()
 	var errs []error
-	for _, gvk := range kinds {
+	for i, gvk := range kinds {
 		if err := ctx.Err(); err != nil {
 			return errors.Join(append(errs, fmt.Errorf("pruning stopped before %s: %w", gvk.Kind, err))...)
 		}
-		items, err := a.listOwned(ctx, gvk)
+		items, err := owned[i], listErrs[i]
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
@@ -104,17 +105,20 @@ func (h *Hub) Desired(_ context.Context, wc *v1alpha1.WorkerCluster) (*protocol.
 }
 
 // OnStatus is the tunnel's hook: an agent's report changed a WorkerCluster's status.
-func (h *Hub) OnStatus(ctx context.Context, key client.ObjectKey) {
+// The cluster is summed up and its commit status posted by the source's workers, so
+// that a slow forge never holds up the tunnel, and reports that arrive together (a
+// connection, an inventory, an apply) are posted as one.
+func (h *Hub) OnStatus(_ context.Context, key client.ObjectKey) {
 	h.mu.Lock()
 	src := h.sources[key.Namespace]
 	h.mu.Unlock()
-	if src == nil {
-		return
-	}
-	if err := src.refresh(ctx, key.Name); err != nil {
-		src.log.Error("refreshing a WorkerCluster", "workerCluster", key.Name, "error", err)
+	if src != nil {
+		src.queue.Add(key.Name)
 	}
 }
+
+// refreshWorkers is how many of a source's clusters are summed up and posted at once.
+const refreshWorkers = 4
 
 // SourceOptions name one fleet source.
 type SourceOptions struct {
@@ -143,6 +147,8 @@ type Source struct {
 	poller    *gitsource.Poller
 	publisher *status.Publisher
 	log       *slog.Logger
+	// queue holds the names of clusters whose agents reported, for refresh.
+	queue workqueue.TypedRateLimitingInterface[string]
 
 	mu     sync.Mutex
 	last   plumbing.Hash
@@ -175,7 +181,8 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{hub: h, opts: opts, git: g, log: h.opts.Log.With("tenant", opts.Tenant, "repository", gitsource.RedactURL(opts.Git.URL)),
-		prefix: fleet.DefaultStatusContextPrefix, states: map[string]status.State{}, invalid: map[string]string{}, retry: map[string]bool{}}
+		prefix: fleet.DefaultStatusContextPrefix, states: map[string]status.State{}, invalid: map[string]string{}, retry: map[string]bool{},
+		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
 	if opts.Statuses != nil {
 		s.publisher = status.NewPublisher(opts.Statuses, status.PublisherOptions{Log: s.log})
 	}
@@ -201,8 +208,38 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 // Trigger asks for a fetch now, e.g. from a webhook; triggers coalesce.
 func (s *Source) Trigger() { s.poller.Trigger() }
 
-// Run syncs at once, then on every trigger and poll, until ctx ends.
-func (s *Source) Run(ctx context.Context) { s.poller.Run(ctx) }
+// Run syncs at once, then on every trigger and poll, and refreshes the clusters whose
+// agents reported, until ctx ends.
+func (s *Source) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range refreshWorkers {
+		wg.Go(func() {
+			for s.refreshNext(ctx) {
+			}
+		})
+	}
+	s.poller.Run(ctx)
+	s.queue.ShutDown()
+	wg.Wait()
+}
+
+// refreshNext refreshes one queued cluster; false once the queue is shut down.
+func (s *Source) refreshNext(ctx context.Context) bool {
+	name, shutdown := s.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer s.queue.Done(name)
+	if err := s.refresh(ctx, name); err != nil {
+		if ctx.Err() == nil {
+			s.log.Error("refreshing a WorkerCluster", "workerCluster", name, "error", err)
+			s.queue.AddRateLimited(name)
+		}
+		return true
+	}
+	s.queue.Forget(name)
+	return true
+}
 
 // Sync fetches the branch and reconciles what its new head changed, then plans the
 // pull requests whose heads are new.
