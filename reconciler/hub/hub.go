@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/go-git/go-git/v5/plumbing"
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -359,49 +360,65 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	slices.Sort(names)
 	names = slices.Compact(names)
 	log.Info("reconciling a head", "clusters", len(names), "all", ch.All, "reason", ch.Reason, "retrying", len(retrying))
+	// Clusters are independent: their API writes overlap, and a fleet-wide change is
+	// not the sum of each cluster's round trips.
+	var g errgroup.Group
+	g.SetLimit(reconcileWorkers)
 	for _, name := range names {
-		c := f.Clusters[name]
-		wc := existing[name]
-		began := time.Now()
-		var err error
-		if c == nil {
-			s.mu.Lock()
-			delete(s.invalid, name)
-			s.mu.Unlock()
-		}
-		switch {
-		case c == nil && wc != nil:
-			err = s.decommission(ctx, wc, head, f.DecommissionPolicy())
-		case c == nil:
-		case fleetErr != "":
-			// Nothing renders while fleet.yaml or a preset is broken; the workers keep
-			// their last good state.
-		default:
-			err = s.reconcileCluster(ctx, f, c, wc, head)
-		}
-		if s.hub.opts.OnReconcile != nil {
-			s.hub.opts.OnReconcile(s.opts.Name, time.Since(began), err)
-		}
-		s.mu.Lock()
-		if err != nil {
-			s.retry[name] = true
-		} else {
-			delete(s.retry, name)
-		}
-		s.mu.Unlock()
-		if err != nil {
-			// A fault of the hub's, not of the repository: say so on the commit, keep the
-			// worker as it is, and try again on the next poll.
-			log.Error("reconciling a cluster", "cluster", name, "error", err)
-			s.post(ctx, head, status.Status{Context: s.context(name), State: status.Error, Description: "hub error, retrying: " + err.Error()})
-		}
+		g.Go(func() error {
+			s.reconcileName(ctx, log, f, name, existing[name], head, fleetErr)
+			return nil
+		})
 	}
+	_ = g.Wait()
 	s.setHead(snap.Commit, fleetErr)
 	s.publishFleet(ctx)
 	if last.IsZero() {
 		time.AfterFunc(s.hub.opts.StaleAfter, func() { s.markStale(context.WithoutCancel(ctx)) })
 	}
 	return nil
+}
+
+// reconcileWorkers is how many clusters of one head are reconciled at once.
+const reconcileWorkers = 8
+
+// reconcileName brings one cluster of the head to the hub: enrolled or updated,
+// decommissioned when its directory is gone, or failed alone.
+func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.Fleet, name string, wc *v1alpha1.WorkerCluster, head, fleetErr string) {
+	c := f.Clusters[name]
+	began := time.Now()
+	var err error
+	if c == nil {
+		s.mu.Lock()
+		delete(s.invalid, name)
+		s.mu.Unlock()
+	}
+	switch {
+	case c == nil && wc != nil:
+		err = s.decommission(ctx, wc, head, f.DecommissionPolicy())
+	case c == nil:
+	case fleetErr != "":
+		// Nothing renders while fleet.yaml or a preset is broken; the workers keep
+		// their last good state.
+	default:
+		err = s.reconcileCluster(ctx, f, c, wc, head)
+	}
+	if s.hub.opts.OnReconcile != nil {
+		s.hub.opts.OnReconcile(s.opts.Name, time.Since(began), err)
+	}
+	s.mu.Lock()
+	if err != nil {
+		s.retry[name] = true
+	} else {
+		delete(s.retry, name)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		// A fault of the hub's, not of the repository: say so on the commit, keep the
+		// worker as it is, and try again on the next poll.
+		log.Error("reconciling a cluster", "cluster", name, "error", err)
+		s.post(ctx, head, status.Status{Context: s.context(name), State: status.Error, Description: "hub error, retrying: " + err.Error()})
+	}
 }
 
 // markStale records as disconnected the clusters whose Connected condition a previous
