@@ -282,6 +282,7 @@ func (s *Source) syncPlans(ctx context.Context) {
 			s.post(ctx, head, status.Status{Context: plan.Context(s.prefixNow()), State: status.Error, Description: "the hub could not plan this pull request"})
 			continue
 		}
+		p.RequireTenant(s.opts.Tenant)
 		store.Put(p)
 		url := ""
 		if s.hub.opts.PublicURL != "" {

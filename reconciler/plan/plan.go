@@ -67,6 +67,8 @@ type Plan struct {
 	// planned; Reason says which.
 	AllClusters bool   `json:"allClusters"`
 	Reason      string `json:"reason,omitempty"`
+	// Tenant is the tenant the head's fleet.yaml names.
+	Tenant string `json:"tenant,omitempty"`
 	// FleetErrors are the head's problems with fleet.yaml and the presets: they fail
 	// the plan and keep every cluster of the head from rendering.
 	FleetErrors fleet.ErrorList `json:"fleetErrors"`
@@ -151,6 +153,17 @@ func (p *Plan) Errors() fleet.ErrorList {
 		all = append(all, c.Errors...)
 	}
 	return all
+}
+
+// RequireTenant fails the plan when the head names another tenant than the one its
+// repository holds: the hub would refuse that head on merge, so its plan says so first.
+func (p *Plan) RequireTenant(tenant string) {
+	if p.Tenant == "" || p.Tenant == tenant {
+		return
+	}
+	p.FleetErrors = append(p.FleetErrors, fleet.Error{File: fleet.FleetFile,
+		Message: fmt.Sprintf("names tenant %q; this repository may only hold tenant %q", p.Tenant, tenant)})
+	p.FleetErrors.Sort()
 }
 
 // Cluster returns the plan of the named cluster, or nil when it is not planned.
@@ -249,6 +262,9 @@ func Compute(ctx context.Context, pr *gitsource.PullRequest, r *render.Renderer)
 		Reason:      pr.Changes.Reason,
 	}
 	base, head := fleet.Load(pr.BaseFS()), fleet.Load(pr.FS())
+	if head.Spec != nil {
+		p.Tenant = head.Spec.Spec.Tenant
+	}
 	if !head.Valid() {
 		p.FleetErrors = slices.Clone(head.Errors)
 		if len(p.FleetErrors) == 0 {

@@ -84,3 +84,25 @@ func clusters(n int) []*plan.ClusterPlan {
 	}
 	return out
 }
+
+func TestRequireTenantFailsAPlanForAnotherTenant(t *testing.T) {
+	tests := []struct {
+		name, headTenant string
+		state            status.State
+		summary          string
+	}{
+		{name: "the repository's own tenant passes", headTenant: "acme", state: status.Success, summary: "no cluster changes"},
+		{name: "another tenant fails as the hub would on merge", headTenant: "globex", state: status.Failure,
+			summary: `fleet.yaml:1:1: names tenant "globex"; this repository may only hold tenant "acme"`},
+		{name: "an unreadable fleet.yaml is left to its own errors", headTenant: "", state: status.Success, summary: "no cluster changes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &plan.Plan{Tenant: tt.headTenant, BaseFound: true}
+			p.RequireTenant("acme")
+			if p.State() != tt.state || p.Summary() != tt.summary {
+				t.Fatalf("state %s, summary %q; want %s, %q", p.State(), p.Summary(), tt.state, tt.summary)
+			}
+		})
+	}
+}
