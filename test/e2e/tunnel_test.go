@@ -391,19 +391,8 @@ func TestFaultsConverge(t *testing.T) {
 	t.Run("a second connection of the identity replaces the first cleanly", func(t *testing.T) {
 		mark := len(h.log.String())
 		since := func() string { return h.log.String()[mark:] }
-		ws, resp, body := dialRaw(t, h, c.identity, protocol.AuthCredential, cred, protocol.ProtocolVersion)
-		if ws == nil {
-			t.Fatalf("dial: %v %s", resp, body)
-		}
-		tn, err := protocol.NewTunnel(ws, true, fast)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tn, st := dialTunnel(t, h, c.identity, cred)
 		defer tn.Close()
-		st, err := tn.OpenStream()
-		if err != nil {
-			t.Fatal(err)
-		}
 		if err := protocol.NewConn(st).Send(protocol.TypeHello, &protocol.Hello{Identity: c.identity, AgentVersion: "second"}); err != nil {
 			t.Fatal(err)
 		}
@@ -448,19 +437,8 @@ func TestFaultsConverge(t *testing.T) {
 		}
 	})
 	t.Run("a live tunnel answers what it cannot use and is closed by a message over the size cap", func(t *testing.T) {
-		ws, resp, body := dialRaw(t, h, c.identity, protocol.AuthCredential, cred, protocol.ProtocolVersion)
-		if ws == nil {
-			t.Fatalf("dial: %v %s", resp, body)
-		}
-		tn, err := protocol.NewTunnel(ws, true, fast)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tn, st := dialTunnel(t, h, c.identity, cred)
 		defer tn.Close()
-		st, err := tn.OpenStream()
-		if err != nil {
-			t.Fatal(err)
-		}
 		conn := protocol.NewConn(st)
 		// A hello makes this the identity's live tunnel, as a confused second agent would.
 		if err := conn.Send(protocol.TypeHello, &protocol.Hello{Identity: c.identity, AgentVersion: "intruder"}); err != nil {
@@ -590,4 +568,24 @@ func (c *cutOnce) Apply(ctx context.Context, st protocol.DesiredState) protocol.
 		c.afterFirst()
 	}
 	return res
+}
+
+// dialTunnel opens a tunnel and its control stream with the identity's credential, as a
+// second agent of the identity would.
+func dialTunnel(t *testing.T, h *hubServer, identity, cred string) (*protocol.Tunnel, *yamux.Stream) {
+	t.Helper()
+	ws, resp, body := dialRaw(t, h, identity, protocol.AuthCredential, cred, protocol.ProtocolVersion)
+	if ws == nil {
+		t.Fatalf("dial: %v %s", resp, body)
+	}
+	tn, err := protocol.NewTunnel(ws, true, fast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := tn.OpenStream()
+	if err != nil {
+		_ = tn.Close()
+		t.Fatal(err)
+	}
+	return tn, st
 }
