@@ -18,7 +18,15 @@ type Config struct {
 	// Kubeconfig of the hub cluster; empty uses the in-cluster configuration, then
 	// KUBECONFIG.
 	Kubeconfig string `yaml:"kubeconfig"`
-	Listen     struct {
+	// KubeAPI bounds the hub's requests to the hub cluster. Every agent's connection,
+	// apply report and inventory is a few requests, so a hub of thousands of agents
+	// needs far more than client-go's default of 5 per second. Default 100 per second,
+	// bursts of 200; the API server's priority and fairness still protects it.
+	KubeAPI struct {
+		QPS   float32 `yaml:"qps"`
+		Burst int     `yaml:"burst"`
+	} `yaml:"kubeAPI"`
+	Listen struct {
 		// Tunnel is where agents dial in (wss, or ws on loopback when allowed).
 		Tunnel string `yaml:"tunnel"`
 		// HTTP serves /healthz, /readyz, /metrics, the webhooks and the plan pages.
@@ -135,6 +143,15 @@ func (c *Config) check() error {
 	}
 	if c.LeaderElection.Name == "" {
 		c.LeaderElection.Name = "flotilla-hub"
+	}
+	switch {
+	case c.KubeAPI.QPS < 0 || c.KubeAPI.Burst < 0:
+		return errors.New("kubeAPI: qps and burst must not be negative")
+	case c.KubeAPI.QPS == 0:
+		c.KubeAPI.QPS = 100
+	}
+	if c.KubeAPI.Burst == 0 {
+		c.KubeAPI.Burst = max(200, int(2*c.KubeAPI.QPS))
 	}
 	if len(c.Sources) == 0 {
 		return errors.New("sources: no fleet repository to follow")

@@ -43,6 +43,25 @@ func TestLoadConfig(t *testing.T) {
 	if s.Branch != "main" || s.Namespace != "acme" || time.Duration(s.Poll) != time.Minute || c.Listen.HTTP != ":8080" || c.LeaderElection.Name != "flotilla-hub" {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
+	// Thousands of agents each cost the hub cluster a few requests when they connect.
+	if c.KubeAPI.QPS != 100 || c.KubeAPI.Burst != 200 {
+		t.Fatalf("kubeAPI = %+v, want 100 requests per second in bursts of 200", c.KubeAPI)
+	}
+	rc, err := restConfig(&Config{Kubeconfig: writeKubeconfig(t), KubeAPI: c.KubeAPI})
+	if err != nil || rc.QPS != 100 || rc.Burst != 200 {
+		t.Fatalf("the hub's client is limited to %v/s in bursts of %d (%v)", rc.QPS, rc.Burst, err)
+	}
+}
+
+func writeKubeconfig(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "kubeconfig")
+	const kubeconfig = "apiVersion: v1\nkind: Config\nclusters: [{name: hub, cluster: {server: \"https://127.0.0.1:6443\"}}]\n" +
+		"users: [{name: hub, user: {}}]\ncontexts: [{name: hub, context: {cluster: hub, user: hub}}]\ncurrent-context: hub\n"
+	if err := os.WriteFile(p, []byte(kubeconfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func TestLoadConfigRefuses(t *testing.T) {
@@ -62,6 +81,7 @@ func TestLoadConfigRefuses(t *testing.T) {
 		{"an unknown status kind", func(s string) string { return strings.Replace(s, "kind: github", "kind: bitbucket", 1) }, "bitbucket"},
 		{"no age identity", func(s string) string { return strings.Replace(s, "  identityFiles: [/etc/flotilla/age.key]\n", "", 1) }, "age identity"},
 		{"a malformed duration", func(s string) string { return s + "heartbeat:\n  interval: often\n" }, "not a duration"},
+		{"a negative request rate", func(s string) string { return s + "kubeAPI:\n  qps: -1\n" }, "must not be negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -41,10 +41,18 @@ import (
 )
 
 func restConfig(cfg *Config) (*rest.Config, error) {
+	var rc *rest.Config
+	var err error
 	if cfg.Kubeconfig != "" {
-		return clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = ctrlconfig.GetConfig()
 	}
-	return ctrlconfig.GetConfig()
+	if err != nil {
+		return nil, err
+	}
+	rc.QPS, rc.Burst = cfg.KubeAPI.QPS, cfg.KubeAPI.Burst
+	return rc, nil
 }
 
 // run serves until ctx ends.
@@ -83,7 +91,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if cfg.Heartbeat.Timeout > 0 {
 		live.Timeout = time.Duration(cfg.Heartbeat.Timeout)
 	}
-	tun, err := tunnel.New(tunnel.Options{Client: c, Desired: h, OnStatus: h.OnStatus, Liveness: live, AllowInsecureLoopback: cfg.AllowInsecureLoopback, Log: log})
+	tun, err := tunnel.New(tunnel.Options{Client: c, Desired: h, OnStatus: h.OnStatus, Resolve: h.Resolve, Liveness: live, AllowInsecureLoopback: cfg.AllowInsecureLoopback, Log: log})
 	if err != nil {
 		return err
 	}

@@ -77,6 +77,7 @@ type Hub struct {
 
 	mu      sync.Mutex
 	desired map[string]*protocol.DesiredState // by identity
+	keys    map[string]client.ObjectKey       // the WorkerCluster of each identity
 	sources map[string]*Source                // by tenant namespace
 }
 
@@ -91,7 +92,7 @@ func New(opts Options) (*Hub, error) {
 	if opts.StaleAfter <= 0 {
 		opts.StaleAfter = time.Minute
 	}
-	return &Hub{opts: opts, renderer: render.New(), desired: map[string]*protocol.DesiredState{}, sources: map[string]*Source{}}, nil
+	return &Hub{opts: opts, renderer: render.New(), desired: map[string]*protocol.DesiredState{}, keys: map[string]client.ObjectKey{}, sources: map[string]*Source{}}, nil
 }
 
 // Attach gives the hub the tunnel it pushes desired states through. The tunnel's
@@ -103,6 +104,14 @@ func (h *Hub) Desired(_ context.Context, wc *v1alpha1.WorkerCluster) (*protocol.
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.desired[wc.Labels[v1alpha1.WorkerClusterLabel]], nil
+}
+
+// Resolve is the tunnel's way to the WorkerCluster of an identity the hub reconciled.
+func (h *Hub) Resolve(identity string) (client.ObjectKey, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	key, ok := h.keys[identity]
+	return key, ok
 }
 
 // OnStatus is the tunnel's hook: an agent's report changed a WorkerCluster's status.
@@ -563,6 +572,7 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		ds.Objects = append(ds.Objects, raw)
 	}
 	s.hub.setDesired(identity, ds)
+	s.hub.setKey(identity, key)
 	if err := s.patchStatus(ctx, c.Name, func(wc *v1alpha1.WorkerCluster) { wc.Status.DesiredHash = res.Hash }); err != nil {
 		return err
 	}
@@ -574,11 +584,19 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 	return s.refresh(ctx, c.Name)
 }
 
+func (h *Hub) setKey(identity string, key client.ObjectKey) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.keys[identity] = key
+}
+
 func (h *Hub) setDesired(identity string, ds *protocol.DesiredState) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if ds == nil {
+		// The cluster left the fleet: its agent is no longer known.
 		delete(h.desired, identity)
+		delete(h.keys, identity)
 		return
 	}
 	h.desired[identity] = ds

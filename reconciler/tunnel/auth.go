@@ -99,6 +99,21 @@ func bearer(r *http.Request) (string, bool) {
 
 // lookup finds the one WorkerCluster with the identity, in whatever tenant namespace.
 func (s *Server) lookup(ctx context.Context, identity, fp string) (*v1alpha1.WorkerCluster, error) {
+	if s.opts.Resolve != nil {
+		if key, ok := s.opts.Resolve(identity); ok {
+			wc := new(v1alpha1.WorkerCluster)
+			err := s.opts.Client.Get(ctx, key, wc)
+			switch {
+			case apierrors.IsNotFound(err):
+				return nil, refuse("no WorkerCluster has this identity", fp)
+			case err != nil:
+				return nil, fmt.Errorf("reading WorkerCluster %s of identity %s: %w", key, identity, err)
+			case wc.Labels[v1alpha1.WorkerClusterLabel] != identity:
+				return nil, refuse(fmt.Sprintf("WorkerCluster %s no longer has this identity", key), fp)
+			}
+			return wc, nil
+		}
+	}
 	var list v1alpha1.WorkerClusterList
 	if err := s.opts.Client.List(ctx, &list, client.MatchingLabels{v1alpha1.WorkerClusterLabel: identity}); err != nil {
 		return nil, fmt.Errorf("listing WorkerClusters of identity %s: %w", identity, err)

@@ -59,7 +59,12 @@ type Options struct {
 	// OnStatus, when set, is called after the tunnel changed a WorkerCluster's status, so
 	// the hub can sum the conditions up and report them.
 	OnStatus func(ctx context.Context, key client.ObjectKey)
-	Log      *slog.Logger
+	// Resolve, when set, names the WorkerCluster of an identity the hub already knows,
+	// so that authenticating an agent reads one object instead of listing every
+	// WorkerCluster: after a hub restart thousands of agents redial at once. An
+	// identity it does not know is looked up by listing.
+	Resolve func(identity string) (client.ObjectKey, bool)
+	Log     *slog.Logger
 	Now      func() time.Time
 }
 

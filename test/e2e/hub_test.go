@@ -151,7 +151,7 @@ func (f *fleetRepo) startHub(l net.Listener) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.opts = tunnel.Options{Client: hub(), Desired: hb, OnStatus: hb.OnStatus, Liveness: fast, AllowInsecureLoopback: true, Log: h.log.logger()}
+	h.opts = tunnel.Options{Client: hub(), Desired: hb, OnStatus: hb.OnStatus, Resolve: hb.Resolve, Liveness: fast, AllowInsecureLoopback: true, Log: h.log.logger()}
 	h.serve(l)
 	hb.Attach(h.srv)
 	f.src, err = hb.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: f.repo.URL(), Branch: "main"}, Tenant: f.tenant, Namespace: f.ns, Statuses: f.notes, Poll: time.Hour, PullRequests: openPRs{1: true, 2: true}})
