@@ -65,9 +65,7 @@ func readiness(wc *v1alpha1.WorkerCluster) (metav1.ConditionStatus, string, stri
 			return metav1.ConditionFalse, c.Reason, c.Message
 		}
 	}
-	if wc.Status.DesiredHash != "" && wc.Status.AppliedHash != wc.Status.DesiredHash {
-		return metav1.ConditionFalse, ReasonAwaitingApply, "waiting for the agent to apply the current desired state"
-	}
+	// summarize has turned WorkerConfigured False for an outdated hash or generation.
 	return metav1.ConditionTrue, ReasonReady, "ready · " + gpuSummary(wc)
 }
 

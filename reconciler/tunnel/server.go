@@ -65,7 +65,7 @@ type Options struct {
 	// identity it does not know is looked up by listing.
 	Resolve func(identity string) (client.ObjectKey, bool)
 	Log     *slog.Logger
-	Now      func() time.Time
+	Now     func() time.Time
 }
 
 // Server serves agents' tunnels. Use it as the handler of protocol.Path.

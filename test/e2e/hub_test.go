@@ -229,6 +229,21 @@ func (f *fleetRepo) addCluster(branch, name string, extra ...string) (values, st
 	return v, sha
 }
 
+// edited reads a file of the checkout and returns it with old replaced by new, which
+// must occur in it.
+func (f *fleetRepo) edited(t testing.TB, file, old, new string) (before, after []byte) {
+	t.Helper()
+	before, err := os.ReadFile(filepath.Join(f.dir, filepath.FromSlash(file)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after = []byte(strings.Replace(string(before), old, new, 1))
+	if string(after) == string(before) {
+		t.Fatalf("%s has no %q to change:\n%s", file, old, before)
+	}
+	return before, after
+}
+
 // statusOf reads a context's status on commit, as `flotilla status` would.
 func (f *fleetRepo) statusOf(commit, context string) status.Status {
 	f.t.Helper()
@@ -337,14 +352,7 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 
 	t.Run("a merged cordon reconfigures the worker and turns green", func(t *testing.T) {
 		file := filepath.Join(f.dir, "clusters", "gpu-a", "cluster.yaml")
-		data, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cordoned := []byte(strings.Replace(string(data), "cordoned: false", "cordoned: true", 1))
-		if string(cordoned) == string(data) {
-			t.Fatalf("cluster.yaml has no cordoned: false to flip:\n%s", data)
-		}
+		_, cordoned := f.edited(t, "clusters/gpu-a/cluster.yaml", "cordoned: false", "cordoned: true")
 		if err := os.WriteFile(file, cordoned, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -372,15 +380,8 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 	})
 
 	t.Run("a fleet.yaml naming another tenant is refused", func(t *testing.T) {
-		fleetFile, err := os.ReadFile(filepath.Join(f.dir, "fleet.yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		stolen := strings.Replace(string(fleetFile), "tenant: acme", "tenant: globex", 1)
-		if stolen == string(fleetFile) {
-			t.Fatalf("fleet.yaml has no tenant: acme:\n%s", fleetFile)
-		}
-		bad := f.repo.Commit("main", "claim another tenant", map[string][]byte{"fleet.yaml": []byte(stolen)})
+		fleetFile, stolen := f.edited(t, "fleet.yaml", "tenant: acme", "tenant: globex")
+		bad := f.repo.Commit("main", "claim another tenant", map[string][]byte{"fleet.yaml": stolen})
 		f.src.Trigger()
 		f.waitStatus(bad, "flotilla/fleet", status.Failure, `names tenant "globex"`)
 		var list v1alpha1.WorkerClusterList
@@ -495,15 +496,8 @@ func TestHubFaultsAndKeptDecommission(t *testing.T) {
 	f.waitStatus(added, "flotilla/gpu-k", status.Success, "ready")
 
 	t.Run("decommission: Keep revokes the agent and leaves the worker's objects", func(t *testing.T) {
-		fleetFile, err := os.ReadFile(filepath.Join(f.dir, "fleet.yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		keep := strings.Replace(string(fleetFile), "decommission: Prune", "decommission: Keep", 1)
-		if keep == string(fleetFile) {
-			t.Fatalf("fleet.yaml has no decommission: Prune:\n%s", fleetFile)
-		}
-		change := map[string][]byte{"fleet.yaml": []byte(keep)}
+		_, keep := f.edited(t, "fleet.yaml", "decommission: Prune", "decommission: Keep")
+		change := map[string][]byte{"fleet.yaml": keep}
 		for p := range readDir(t, f.dir, "clusters/gpu-k") {
 			change[p] = nil
 		}
