@@ -10,7 +10,16 @@ STATICCHECK     := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 CONTROLLER_GEN  := sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0
 BENCHSTAT       := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 TEST_TIMEOUT    ?= 30m
-FUZZ_TIME       ?= 10s
+# Each fuzz target runs a number of executions, not a duration: a duration races Go 1.26's
+# fuzzing coordinator at its deadline and fails a run that found nothing (go.dev/issue/75804,
+# fixed in Go 1.27). The counts are a few seconds of each target on two cores.
+FUZZ_LOAD       ?= 10000x
+FUZZ_LOAD_TREE  ?= 4000x
+FUZZ_TOKEN      ?= 20000x
+FUZZ_RECEIVE    ?= 100000x
+# The fuzzer minimizes every input that finds new coverage for up to a minute by default,
+# counting no executions meanwhile: in a run of seconds it would do little else.
+FUZZ_MINIMIZE   ?= 1s
 BENCH_COUNT     ?= 6
 
 # KUBEBUILDER_ASSETS points envtest at the cached binaries; building them on a cold
@@ -29,9 +38,10 @@ test: testbin
 	$(MAKE) fuzz
 
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZ_TIME) ./reconciler/fleet/
-	$(GO) test -run '^$$' -fuzz '^FuzzTokenHash$$' -fuzztime $(FUZZ_TIME) ./secrets/
-	$(GO) test -run '^$$' -fuzz '^FuzzReceive$$' -fuzztime $(FUZZ_TIME) ./agent/protocol/
+	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZ_LOAD) -fuzzminimizetime $(FUZZ_MINIMIZE) ./reconciler/fleet/
+	$(GO) test -run '^$$' -fuzz '^FuzzLoadTree$$' -fuzztime $(FUZZ_LOAD_TREE) -fuzzminimizetime $(FUZZ_MINIMIZE) ./reconciler/fleet/
+	$(GO) test -run '^$$' -fuzz '^FuzzTokenHash$$' -fuzztime $(FUZZ_TOKEN) -fuzzminimizetime $(FUZZ_MINIMIZE) ./secrets/
+	$(GO) test -run '^$$' -fuzz '^FuzzReceive$$' -fuzztime $(FUZZ_RECEIVE) -fuzzminimizetime $(FUZZ_MINIMIZE) ./agent/protocol/
 
 lint:
 	$(GO) vet ./...
@@ -39,7 +49,7 @@ lint:
 
 bench: testbin
 	@mkdir -p bin
-	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./reconciler/render/ ./secrets/ ./gitsource/ | tee bin/bench.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./reconciler/fleet/ ./reconciler/render/ ./secrets/ ./gitsource/ | tee bin/bench.txt
 	# Thousands of agents on one hub: one run, it sets up a fleet's worth of WorkerClusters.
 	$(TESTBIN_ENV) $(GO) test -run '^$$' -bench . -benchtime 3x ./test/e2e/ | tee -a bin/bench.txt
 	$(GO) run $(BENCHSTAT) bin/bench.txt

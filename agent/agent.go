@@ -1,8 +1,11 @@
 // Package agent is flotilla's agent in a worker cluster: it dials the hub, redeems its
 // enrollment token once for a credential it keeps in a Secret of its own namespace,
 // applies every desired state the hub sends, and reports what it applied and which GPUs
-// the cluster has. It listens on nothing but health and metrics: the tunnel is outbound,
-// so a worker behind NAT with only outbound HTTPS is enough.
+// the cluster has. Until it holds a credential it keeps a redemption key in the same
+// Secret and sends it with the token, so that a redemption whose answer was lost on
+// the way can be repeated (see agent/protocol). It listens on nothing but health and
+// metrics: the tunnel is outbound, so a worker behind NAT with only outbound HTTPS is
+// enough.
 //
 // While the hub is away the worker keeps its last applied state; the agent redials
 // with jittered exponential backoff and, on reconnecting, receives the whole desired
@@ -36,6 +39,11 @@ import (
 
 // CredentialKey is the key of the agent credential in its Secret.
 const CredentialKey = "credential"
+
+// RedemptionKeyKey is the key, in the same Secret, of the redemption key the agent
+// sends with its enrollment token until it holds a credential; it is dropped when the
+// credential is stored.
+const RedemptionKeyKey = "redemptionKey"
 
 // FieldManager is the agent's field manager, for its own Secret as for what it applies.
 const FieldManager = "flotilla-agent"
@@ -87,6 +95,10 @@ type Agent struct {
 	mu         sync.Mutex
 	credential protocol.Secret // also in the Secret; kept here should storing it fail
 	applied    string          // hash last applied
+	// redemption is the redemption key of the enrollment attempts under way: drawn
+	// once, sent with every attempt, so that the hub can answer a repeated attempt
+	// whose first answer was lost; forgotten once a credential arrives.
+	redemption protocol.Secret
 
 	connected atomic.Bool
 	everUp    atomic.Bool
@@ -156,32 +168,64 @@ func (a *Agent) Run(ctx context.Context) error {
 // connectOnce authenticates with the stored credential, falling back to the
 // enrollment token, and serves the tunnel until it ends.
 func (a *Agent) connectOnce(ctx context.Context) error {
-	cred, err := a.storedCredential(ctx)
+	cred, key, err := a.stored(ctx)
 	if err != nil {
 		return err
 	}
 	var ws *websocket.Conn
 	if cred != "" {
-		ws, err = a.dial(ctx, protocol.AuthCredential, cred)
+		ws, err = a.dial(ctx, protocol.AuthCredential, cred, "")
 		if errors.Is(err, errRefused) && a.opts.EnrollmentToken != "" {
 			a.opts.Log.Warn("the hub refused the stored credential; trying the enrollment token")
-			cred = ""
 		} else if err != nil {
 			return err
+		} else {
+			return a.serve(ctx, ws)
 		}
 	}
-	if cred == "" {
-		if a.opts.EnrollmentToken == "" {
-			return errors.New("no credential is stored and no enrollment token is configured")
-		}
-		if ws, err = a.dial(ctx, protocol.AuthEnrollment, a.opts.EnrollmentToken); err != nil {
-			return err
-		}
+	if a.opts.EnrollmentToken == "" {
+		return errors.New("no credential is stored and no enrollment token is configured")
+	}
+	key, err = a.redemptionKey(ctx, key, cred)
+	if err != nil {
+		return err
+	}
+	if ws, err = a.dial(ctx, protocol.AuthEnrollment, a.opts.EnrollmentToken, key); err != nil {
+		return err
 	}
 	return a.serve(ctx, ws)
 }
 
-func (a *Agent) dial(ctx context.Context, kind string, secret protocol.Secret) (*websocket.Conn, error) {
+// redemptionKey is the key of this series of enrollment attempts: the one in memory,
+// else the one stored (by a process that restarted during the series), else a new one,
+// stored beside the credential so that a restart keeps it. cred, a stored credential
+// the hub refused, is stored with it rather than thrown away.
+func (a *Agent) redemptionKey(ctx context.Context, stored, cred protocol.Secret) (protocol.Secret, error) {
+	a.mu.Lock()
+	key := a.redemption
+	if key == "" {
+		key = stored
+	}
+	a.mu.Unlock()
+	if key == "" {
+		var err error
+		if key, err = protocol.NewRedemptionKey(); err != nil {
+			return "", err
+		}
+	}
+	a.mu.Lock()
+	a.redemption = key
+	a.mu.Unlock()
+	if key != stored {
+		if err := a.store(ctx, cred, key); err != nil {
+			// Kept in memory: a lost answer can still be recovered by this process.
+			a.opts.Log.Error("storing the redemption key", "error", err)
+		}
+	}
+	return key, nil
+}
+
+func (a *Agent) dial(ctx context.Context, kind string, secret, redemptionKey protocol.Secret) (*websocket.Conn, error) {
 	d := websocket.Dialer{
 		TLSClientConfig:  a.opts.TLS,
 		HandshakeTimeout: 15 * time.Second,
@@ -194,6 +238,9 @@ func (a *Agent) dial(ctx context.Context, kind string, secret protocol.Secret) (
 	h.Set(protocol.HeaderIdentity, a.opts.Identity)
 	h.Set(protocol.HeaderAuth, kind)
 	h.Set(protocol.HeaderProtocol, strconv.Itoa(protocol.ProtocolVersion))
+	if redemptionKey != "" {
+		h.Set(protocol.HeaderRedemptionKey, redemptionKey.Reveal())
+	}
 	ws, resp, err := d.DialContext(ctx, a.opts.HubURL+protocol.Path, h)
 	if err != nil {
 		if resp != nil {
@@ -211,7 +258,10 @@ func (a *Agent) dial(ctx context.Context, kind string, secret protocol.Secret) (
 			_ = ws.Close()
 			return nil, errors.New("the hub admitted the enrollment but issued no credential")
 		}
-		a.setCredential(issued)
+		a.mu.Lock()
+		a.credential = issued
+		a.redemption = ""
+		a.mu.Unlock()
 		if err := a.storeCredential(ctx, issued); err != nil {
 			// Kept in memory for this process; storing is retried at every rotation
 			// and reconnect.
@@ -360,11 +410,11 @@ func (a *Agent) setCredential(s protocol.Secret) {
 	a.mu.Unlock()
 }
 
-// storedCredential is the credential in the Secret, or the one in memory when the
-// Secret could not be written.
-func (a *Agent) storedCredential(ctx context.Context) (protocol.Secret, error) {
+// stored is the credential in the Secret, or the one in memory when the Secret could
+// not be written, and the redemption key in the Secret.
+func (a *Agent) stored(ctx context.Context) (cred, key protocol.Secret, err error) {
 	var sec corev1.Secret
-	err := a.opts.Client.Get(ctx, a.opts.CredentialSecret, &sec)
+	err = a.opts.Client.Get(ctx, a.opts.CredentialSecret, &sec)
 	a.mu.Lock()
 	mem := a.credential
 	a.mu.Unlock()
@@ -373,24 +423,40 @@ func (a *Agent) storedCredential(ctx context.Context) (protocol.Secret, error) {
 		if mem != "" {
 			_ = a.storeCredential(ctx, mem)
 		}
-		return mem, nil
+		return mem, "", nil
 	case err != nil:
 		if mem != "" {
-			return mem, nil
+			return mem, "", nil
 		}
-		return "", fmt.Errorf("reading the credential Secret %s: %w", a.opts.CredentialSecret, err)
+		return "", "", fmt.Errorf("reading the credential Secret %s: %w", a.opts.CredentialSecret, err)
 	}
+	key = protocol.Secret(sec.Data[RedemptionKeyKey])
 	if stored := protocol.Secret(sec.Data[CredentialKey]); stored != "" {
-		return stored, nil
+		return stored, key, nil
 	}
-	return mem, nil
+	return mem, key, nil
 }
 
+// storeCredential stores the credential alone: a redemption key stored before is
+// dropped with it.
 func (a *Agent) storeCredential(ctx context.Context, s protocol.Secret) error {
+	return a.store(ctx, s, "")
+}
+
+// store makes the Secret hold the credential and the redemption key, those not empty.
+func (a *Agent) store(ctx context.Context, cred, key protocol.Secret) error {
+	data := map[string][]byte{}
+	if cred != "" {
+		data[CredentialKey] = []byte(cred.Reveal())
+	}
+	if key != "" {
+		data[RedemptionKeyKey] = []byte(key.Reveal())
+	}
 	sec := corev1ac.Secret(a.opts.CredentialSecret.Name, a.opts.CredentialSecret.Namespace).
 		WithLabels(map[string]string{"app.kubernetes.io/name": "flotilla-agent"}).
 		WithType(corev1.SecretTypeOpaque).
-		WithData(map[string][]byte{CredentialKey: []byte(s.Reveal())})
+		WithData(data)
+	// Apply replaces what the agent owns whole: a key not named here is dropped.
 	if err := a.opts.Client.Apply(ctx, sec, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("writing the credential Secret %s: %w", a.opts.CredentialSecret, err)
 	}

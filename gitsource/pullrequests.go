@@ -1,19 +1,19 @@
 package gitsource
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 
-	git "github.com/go-git/go-git/v5"
-	"github.com/go-git/go-git/v5/config"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/object"
-	"github.com/go-git/go-git/v5/storage/memory"
 )
 
 // PullRequestDepth is how much history is fetched below the followed branch and each
@@ -44,102 +44,205 @@ type PullRequest struct {
 	// Merged is true when the head is already part of the branch: the pull request
 	// has been merged (its ref stays), and there is nothing left to plan.
 	Merged bool
+	// Err is set when the head could not be read; Base, Changes, FS and BaseFS are
+	// then unusable. It is a *BudgetError (errors.As) when the head with its history
+	// would bring more than Options.PullRequestLimits: its message tells the author
+	// which limit the pull request broke, and the head fails the same way until it
+	// changes. Any other Err (the forge refused the fetch, the connection broke, the
+	// head's objects do not parse) may pass: the next call tries again.
+	Err error
 
 	tree     *object.Tree
 	baseTree *object.Tree
 }
 
-// FS reads the pull request's head.
-func (p *PullRequest) FS() fs.FS { return NewTreeFS(p.tree) }
+// FS reads the pull request's head; with Err set, every read fails with Err.
+func (p *PullRequest) FS() fs.FS { return p.treeFS(p.tree) }
 
-// BaseFS reads the commit the pull request is compared with.
-func (p *PullRequest) BaseFS() fs.FS { return NewTreeFS(p.baseTree) }
+// BaseFS reads the commit the pull request is compared with; with Err set, every read
+// fails with Err.
+func (p *PullRequest) BaseFS() fs.FS { return p.treeFS(p.baseTree) }
+
+func (p *PullRequest) treeFS(t *object.Tree) fs.FS {
+	if p.Err != nil || t == nil {
+		return unreadFS{p}
+	}
+	return NewTreeFS(t)
+}
+
+// unreadFS is a head that could not be read.
+type unreadFS struct{ pr *PullRequest }
+
+func (u unreadFS) Open(name string) (fs.File, error) {
+	err := u.pr.Err
+	if err == nil {
+		err = fmt.Errorf("%s at %s was not read", u.pr.Ref, u.pr.Head)
+	}
+	return nil, &fs.PathError{Op: "open", Path: name, Err: err}
+}
 
 // PullRequests reads the heads of the pull requests the remote has refs for, keeping
 // those open says are open (nil keeps all: a forge keeps refs of closed pull requests
-// forever, so a hub with a forge asks it which are open). Heads are fetched only when
-// they moved; the history below them is kept apart from the branch's shallow copy, so
-// following pull requests does not slow down following the branch.
+// forever, so a hub with a forge asks it which are open). Every head is compared with
+// the followed branch, so open should say true only for pull requests into that
+// branch, as a forge knows; without open (a plain git server, whose refs do not say
+// which branch a pull request targets) every pull-request ref is compared with it.
+//
+// Heads are fetched only when they moved, each on its own within
+// Options.PullRequestLimits: a pull request over them, or whose head cannot be read, is
+// returned with Err set, and the others are read all the same. The history below
+// them is kept apart from the branch's shallow copy, so following pull requests does
+// not slow down following the branch; the heads of pull requests no longer listed are
+// released. An error is returned only when the branch itself cannot be read.
 func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) ([]*PullRequest, error) {
 	s.prMu.Lock()
 	defer s.prMu.Unlock()
-	refs, err := s.remote.ListContext(ctx, &git.ListOptions{Auth: s.opts.Auth})
+	ss, err := s.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer ss.Close()
+	base, err := s.remoteHead(ss)
+	if err != nil {
+		return nil, err
+	}
+	refs, err := ss.refs.IterReferences()
 	if err != nil {
 		return nil, s.wrap("listing refs", err)
 	}
-	if s.prRepo == nil {
-		repo, err := git.Init(memory.NewStorage(), nil)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := repo.CreateRemote(&config.RemoteConfig{Name: "origin", URLs: []string{s.opts.URL}}); err != nil {
-			return nil, err
-		}
-		s.prRepo = repo
-	}
-	branch := plumbing.NewBranchReferenceName(s.opts.Branch)
-	var base plumbing.Hash
 	var prs []*PullRequest
-	var want []config.RefSpec
-	for _, r := range refs {
-		if r.Name() == branch {
-			base = r.Hash()
-			want = append(want, config.RefSpec(fmt.Sprintf("+%s:refs/flotilla/base", branch)))
-			continue
-		}
+	_ = refs.ForEach(func(r *plumbing.Reference) error {
 		m := pullRef.FindStringSubmatch(r.Name().String())
-		if m == nil {
-			continue
+		if m == nil || r.Type() != plumbing.HashReference {
+			return nil
 		}
 		n, _ := strconv.Atoi(m[2])
-		if open != nil && !open(n) {
-			continue
+		if open == nil || open(n) {
+			prs = append(prs, &PullRequest{Ref: r.Name().String(), Number: n, Head: r.Hash()})
 		}
-		prs = append(prs, &PullRequest{Ref: r.Name().String(), Number: n, Head: r.Hash()})
-		if !s.prHave(r.Hash()) {
-			want = append(want, config.RefSpec(fmt.Sprintf("+%s:refs/flotilla/%s/%d", r.Name(), m[1], n)))
-		}
+		return nil
+	})
+	slices.SortFunc(prs, func(a, b *PullRequest) int {
+		return cmp.Or(cmp.Compare(a.Number, b.Number), strings.Compare(a.Ref, b.Ref))
+	})
+	// Refs of pull requests no longer listed go, so that pruning releases their heads.
+	listed := map[plumbing.ReferenceName]bool{baseRef: true}
+	for _, pr := range prs {
+		listed[localRef(pr)] = true
 	}
-	if base.IsZero() {
-		return nil, fmt.Errorf("gitsource: %s has no branch %q", RedactURL(s.opts.URL), s.opts.Branch)
-	}
+	maps.DeleteFunc(s.prs.refs, func(name plumbing.ReferenceName, _ plumbing.Hash) bool { return !listed[name] })
+	maps.DeleteFunc(s.refused, func(name plumbing.ReferenceName, _ *BudgetError) bool { return !listed[name] })
 	if len(prs) == 0 {
-		return nil, nil
+		return nil, s.prunePullRequests(base, nil)
 	}
-	if !s.prHave(base) || len(want) > 1 {
-		err := s.prRepo.FetchContext(ctx, &git.FetchOptions{
-			RemoteName: "origin",
-			RefSpecs:   want,
-			Depth:      PullRequestDepth,
-			Auth:       s.opts.Auth,
-			Tags:       git.NoTags,
-			Force:      true,
-		})
-		if err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
-			return nil, s.wrap("fetching pull requests", err)
+
+	err = ss.fetch(ctx, s.prs, base, PullRequestDepth, budget{Limits: s.opts.BranchLimits, scope: "branch " + s.opts.Branch, per: "fetch of the branch", depth: PullRequestDepth})
+	if err != nil {
+		var be *BudgetError
+		if errors.As(err, &be) {
+			be.Commit = base
+			return nil, fmt.Errorf("gitsource: fetching %s for pull requests: %w", RedactURL(s.opts.URL), be)
+		}
+		return nil, s.wrap("fetching the branch for pull requests", err)
+	}
+	s.prs.refs[baseRef] = base
+	for _, pr := range prs {
+		if err := s.fetchPullRequest(ctx, pr); err != nil {
+			if ctx.Err() != nil {
+				return nil, s.wrap("fetching pull requests", ctx.Err())
+			}
+			pr.Err = err
 		}
 	}
-	baseCommit, err := s.prRepo.CommitObject(base)
+	if err := s.prunePullRequests(base, prs); err != nil {
+		return nil, err
+	}
+	baseCommit, err := object.GetCommit(s.prs, base)
 	if err != nil {
 		return nil, fmt.Errorf("gitsource: branch %s at %s: %w", s.opts.Branch, base, err)
 	}
 	for _, pr := range prs {
-		if err := s.comparePR(ctx, pr, baseCommit); err != nil {
-			return nil, err
+		if pr.Err == nil {
+			pr.Err = s.comparePR(ctx, pr, baseCommit)
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("gitsource: comparing pull requests: %w", ctx.Err())
 		}
 	}
-	slices.SortFunc(prs, func(a, b *PullRequest) int { return a.Number - b.Number })
 	return prs, nil
 }
 
-func (s *Source) prHave(h plumbing.Hash) bool {
-	_, err := s.prRepo.CommitObject(h)
-	return err == nil
+// baseRef holds the followed branch in the pull requests' copy.
+const baseRef = plumbing.ReferenceName("refs/flotilla/base")
+
+// localRef holds a pull request's head in the pull requests' copy.
+func localRef(pr *PullRequest) plumbing.ReferenceName {
+	m := pullRef.FindStringSubmatch(pr.Ref)
+	return plumbing.ReferenceName(fmt.Sprintf("refs/flotilla/%s/%d", m[1], pr.Number))
+}
+
+// fetchPullRequest brings pr's head, unless the copy has it, in a session of its own:
+// a head that moved since it was listed is read where it is now.
+func (s *Source) fetchPullRequest(ctx context.Context, pr *PullRequest) error {
+	local := localRef(pr)
+	if be := s.refused[local]; be != nil && be.Commit == pr.Head {
+		// Over the budget it stays: fetching it again would bring as much again.
+		return be
+	}
+	if !s.prs.have(pr.Head) {
+		ss, err := s.open(ctx)
+		if err != nil {
+			return err
+		}
+		defer ss.Close()
+		head := ss.ref(plumbing.ReferenceName(pr.Ref))
+		if head.IsZero() {
+			return fmt.Errorf("%s is gone from %s", pr.Ref, RedactURL(s.opts.URL))
+		}
+		pr.Head = head
+		err = ss.fetch(ctx, s.prs, head, PullRequestDepth, budget{
+			Limits: s.opts.PullRequestLimits,
+			scope:  fmt.Sprintf("pull request #%d", pr.Number),
+			per:    "pull request",
+			depth:  PullRequestDepth,
+		})
+		var be *BudgetError
+		if errors.As(err, &be) {
+			be.Commit = head
+			s.refused[local] = be
+			return be
+		}
+		if err != nil {
+			return fmt.Errorf("fetching %s: %s", pr.Ref, RedactError(err, s.opts.Auth))
+		}
+	}
+	s.prs.refs[local] = pr.Head
+	return nil
+}
+
+// prunePullRequests releases, once the copy has grown enough, everything but the
+// branch's head and the heads of prs that were read, each with its history.
+func (s *Source) prunePullRequests(base plumbing.Hash, prs []*PullRequest) error {
+	if !s.prs.grown() {
+		return nil
+	}
+	roots := []plumbing.Hash{base}
+	for _, pr := range prs {
+		if pr.Err == nil {
+			roots = append(roots, pr.Head)
+		}
+	}
+	pruned, err := s.prs.pruned(func(plumbing.ReferenceName) bool { return true }, roots, PullRequestDepth)
+	if err != nil {
+		return err
+	}
+	s.prs = pruned
+	return nil
 }
 
 // comparePR finds pr's fork point and what it changes from there.
 func (s *Source) comparePR(ctx context.Context, pr *PullRequest, branchHead *object.Commit) error {
-	head, err := s.prRepo.CommitObject(pr.Head)
+	head, err := object.GetCommit(s.prs, pr.Head)
 	if err != nil {
 		return fmt.Errorf("gitsource: %s at %s: %w", pr.Ref, pr.Head, err)
 	}
@@ -157,7 +260,7 @@ func (s *Source) comparePR(ctx context.Context, pr *PullRequest, branchHead *obj
 	if pr.baseTree, err = forkPoint.Tree(); err != nil {
 		return fmt.Errorf("gitsource: tree of %s: %w", forkPoint.Hash, err)
 	}
-	if pr.Changes, err = Diff(ctx, pr.baseTree, pr.tree); err != nil {
+	if pr.Changes, err = diff(ctx, s.prs, pr.baseTree.Hash, pr.tree.Hash); err != nil {
 		return fmt.Errorf("gitsource: %s: %w", pr.Ref, err)
 	}
 	return nil

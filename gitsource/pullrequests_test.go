@@ -1,11 +1,14 @@
 package gitsource_test
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
@@ -111,5 +114,86 @@ func TestPullRequestForkedLongAgoIsComparedWithTheBranch(t *testing.T) {
 	}
 	if len(prs) != 1 || prs[0].BaseFound || prs[0].Base.String() != repo.Head("main") {
 		t.Fatalf("%+v: want a comparison with main's head, marked as such", prs)
+	}
+}
+
+// A pull request whose head would bring more than the budget is returned with an error
+// its author can act on, and the pull requests beside it are read all the same.
+func TestPullRequestOverTheBudgetIsReportedAndTheOthersAreRead(t *testing.T) {
+	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+	example := string(fleetgen.Template()[clusterFile(fleetgen.ExampleCluster)].Data)
+	cordoned := []byte(strings.Replace(example, "cordoned: false", "cordoned: true", 1))
+	manyFiles := map[string][]byte{}
+	for i := range 60 {
+		manyFiles[fmt.Sprintf("clusters/%s/notes/%d.txt", fleetgen.ExampleCluster, i)] = fmt.Appendf(nil, "note %d\n", i)
+	}
+	fileOf := func(size int) map[string][]byte {
+		return map[string][]byte{"clusters/" + fleetgen.ExampleCluster + "/payload.bin": randomFile(uint64(size), size)}
+	}
+	open := map[int]map[string][]byte{
+		1: {clusterFile(fleetgen.ExampleCluster): cordoned},
+		2: fileOf(3 << 20),
+		3: manyFiles,
+		5: {clusterFile(fleetgen.ExampleCluster): cordoned, "README.md": []byte("fine\n")},
+	}
+	// #4 brings its budget in two commits of 600 KiB; a branch that does not exist yet
+	// starts from main.
+	repo.Commit("pr-4", "first half", map[string][]byte{"clusters/" + fleetgen.ExampleCluster + "/a.bin": randomFile(41, 600<<10)})
+	repo.Commit("pr-4", "second half", map[string][]byte{"clusters/" + fleetgen.ExampleCluster + "/b.bin": randomFile(42, 600<<10)})
+	repo.SetRef("refs/pull/4/head", "pr-4")
+	heads := map[int]string{4: repo.Head("pr-4")}
+	for n, files := range open {
+		branch := fmt.Sprintf("pr-%d", n)
+		repo.Commit(branch, "change", files)
+		heads[n] = repo.SetRef(fmt.Sprintf("refs/pull/%d/head", n), branch)
+	}
+	s, err := gitsource.New(gitsource.Options{URL: repo.URL(), Branch: "main", PullRequestLimits: gitsource.Limits{Bytes: 1 << 20, Objects: 50}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		number int
+		// err is what the author reads; empty for a pull request that is read.
+		err string
+	}{
+		{1, ""},
+		{2, "pull request #2: a file of 3 MiB is larger than the 1 MiB the hub reads for one pull request"},
+		{3, "pull request #3: its last 50 commits bring more than 50 new files, directories and commits, the most the hub reads for one pull request"},
+		{4, "pull request #4: its last 50 commits bring more than 1 MiB of new content, the most the hub reads for one pull request"},
+		{5, ""},
+	}
+	// Twice: a head over the budget stays so, and does not stop the others either time.
+	for range 2 {
+		prs, err := s.PullRequests(t.Context(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(prs) != len(want) {
+			t.Fatalf("%d pull requests, want %d", len(prs), len(want))
+		}
+		for i, w := range want {
+			pr := prs[i]
+			if pr.Number != w.number || pr.Head.String() != heads[w.number] {
+				t.Fatalf("pull request %d is #%d at %s, want #%d at %s", i, pr.Number, pr.Head, w.number, heads[w.number])
+			}
+			if w.err == "" {
+				if pr.Err != nil || !slices.Equal(pr.Changes.Clusters, []string{fleetgen.ExampleCluster}) {
+					t.Errorf("#%d: %v, changes %+v: want it read, changing %s", pr.Number, pr.Err, pr.Changes, fleetgen.ExampleCluster)
+				} else if f := fleet.Load(pr.FS()); !f.Clusters[fleetgen.ExampleCluster].Object.Spec.Cordoned {
+					t.Errorf("#%d reads without its change", pr.Number)
+				}
+				continue
+			}
+			var be *gitsource.BudgetError
+			if !errors.As(pr.Err, &be) || be.Commit != pr.Head || pr.Err.Error() != w.err {
+				t.Errorf("#%d: error %v, want a budget error on its head saying %q", pr.Number, pr.Err, w.err)
+			}
+			if _, err := fs.ReadFile(pr.FS(), "fleet.yaml"); !errors.Is(err, pr.Err) {
+				t.Errorf("#%d: its head reads %v, want its error", pr.Number, err)
+			}
+		}
+	}
+	if held := s.Memory().PullRequests.Bytes; held > 1<<20 {
+		t.Errorf("the pull requests' copy holds %d KiB: what was refused was kept", held>>10)
 	}
 }

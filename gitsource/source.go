@@ -11,12 +11,9 @@ import (
 	"io/fs"
 	"sync"
 
-	git "github.com/go-git/go-git/v5"
-	"github.com/go-git/go-git/v5/config"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/plumbing/transport"
-	"github.com/go-git/go-git/v5/storage/memory"
 )
 
 // Options say which repository and branch to follow.
@@ -28,19 +25,39 @@ type Options struct {
 	// TrustedKeys, an armored OpenPGP keyring, turns on verification of the head: an
 	// unsigned head, or one signed by a key not in the ring, is refused by Update.
 	TrustedKeys string
+	// BranchLimits bound each fetch of the branch: a head that would bring more fails
+	// Update with a *BudgetError, and nothing of it is read. Zero fields take
+	// DefaultBranchBytes and DefaultBranchObjects.
+	BranchLimits Limits
+	// PullRequestLimits bound the fetch of each pull request's head with its history:
+	// a pull request that would bring more is returned with Err set, and the others
+	// are read. Zero fields take DefaultPullRequestBytes and DefaultPullRequestObjects.
+	PullRequestLimits Limits
 }
 
 // Source is one followed branch. Its methods are safe for concurrent use; fetches are
 // serialized.
+//
+// It keeps two copies of the repository in memory: the branch's head at depth 1, and,
+// for pull requests, the branch and each open pull request's head with
+// PullRequestDepth commits of history. Each fetch is bounded by Options' limits, and
+// what no head needs any more (old heads, closed pull requests) is released once it
+// adds up to what is needed; a Snapshot or PullRequest handed out earlier stays
+// readable for as long as its holder keeps it.
 type Source struct {
-	opts   Options
-	mu     sync.Mutex
-	repo   *git.Repository
-	remote *git.Remote
+	opts Options
 
-	// prMu guards prRepo, the deeper copy pull requests are read from.
-	prMu   sync.Mutex
-	prRepo *git.Repository
+	// mu guards branch, the branch's copy, and branchRefused, its last head over the
+	// budget.
+	mu            sync.Mutex
+	branch        *store
+	branchRefused *BudgetError
+
+	// prMu guards prs, the deeper copy pull requests are read from, and refused, the
+	// pull requests whose head was over the budget, by local ref.
+	prMu    sync.Mutex
+	prs     *store
+	refused map[plumbing.ReferenceName]*BudgetError
 }
 
 // Snapshot is the fleet repository at one commit.
@@ -70,84 +87,119 @@ func New(opts Options) (*Source, error) {
 			return nil, err
 		}
 	}
-	repo, err := git.Init(memory.NewStorage(), nil)
-	if err != nil {
+	if err := opts.BranchLimits.check("BranchLimits"); err != nil {
 		return nil, err
 	}
-	remote, err := repo.CreateRemote(&config.RemoteConfig{
-		Name:  "origin",
-		URLs:  []string{opts.URL},
-		Fetch: []config.RefSpec{branchSpec(opts.Branch)},
-	})
-	if err != nil {
+	if err := opts.PullRequestLimits.check("PullRequestLimits"); err != nil {
+		return nil, err
+	}
+	opts.BranchLimits = opts.BranchLimits.withDefaults(DefaultBranchBytes, DefaultBranchObjects)
+	opts.PullRequestLimits = opts.PullRequestLimits.withDefaults(DefaultPullRequestBytes, DefaultPullRequestObjects)
+	if _, err := transport.NewEndpoint(opts.URL); err != nil {
 		return nil, fmt.Errorf("gitsource: %s: %w", RedactURL(opts.URL), err)
 	}
-	return &Source{opts: opts, repo: repo, remote: remote}, nil
+	return &Source{opts: opts, branch: newStore(), prs: newStore(), refused: map[plumbing.ReferenceName]*BudgetError{}}, nil
 }
 
-func branchSpec(branch string) config.RefSpec {
-	return config.RefSpec("+refs/heads/" + branch + ":refs/remotes/origin/" + branch)
-}
-
+// trackingRef holds the branch's head in the branch's copy.
 func (s *Source) trackingRef() plumbing.ReferenceName {
 	return plumbing.NewRemoteReferenceName("origin", s.opts.Branch)
 }
 
+// Memory is what a Source holds in memory.
+type Memory struct {
+	// Branch is the branch's copy; PullRequests the copy pull requests are read from.
+	Branch, PullRequests Stats
+}
+
+// Memory says what the Source holds now. Snapshots and pull requests still held by a
+// caller may keep more alive.
+func (s *Source) Memory() Memory {
+	var m Memory
+	s.mu.Lock()
+	m.Branch = s.branch.stats()
+	s.mu.Unlock()
+	s.prMu.Lock()
+	m.PullRequests = s.prs.stats()
+	s.prMu.Unlock()
+	return m
+}
+
 // RemoteHead asks the remote for the branch's head without fetching any object.
 func (s *Source) RemoteHead(ctx context.Context) (plumbing.Hash, error) {
-	refs, err := s.remote.ListContext(ctx, &git.ListOptions{Auth: s.opts.Auth})
+	ss, err := s.open(ctx)
 	if err != nil {
-		return plumbing.ZeroHash, s.wrap("listing refs", err)
+		return plumbing.ZeroHash, err
 	}
-	want := plumbing.NewBranchReferenceName(s.opts.Branch)
-	for _, r := range refs {
-		if r.Name() == want {
-			return r.Hash(), nil
-		}
+	defer ss.Close()
+	return s.remoteHead(ss)
+}
+
+func (s *Source) remoteHead(ss *session) (plumbing.Hash, error) {
+	h := ss.ref(plumbing.NewBranchReferenceName(s.opts.Branch))
+	if h.IsZero() {
+		return plumbing.ZeroHash, fmt.Errorf("gitsource: %s has no branch %q", RedactURL(s.opts.URL), s.opts.Branch)
 	}
-	return plumbing.ZeroHash, fmt.Errorf("gitsource: %s has no branch %q", RedactURL(s.opts.URL), s.opts.Branch)
+	return h, nil
 }
 
 // Head is the last fetched head, or the zero hash before the first fetch.
 func (s *Source) Head() plumbing.Hash {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.head()
-}
-
-func (s *Source) head() plumbing.Hash {
-	ref, err := s.repo.Reference(s.trackingRef(), true)
-	if err != nil {
-		return plumbing.ZeroHash
-	}
-	return ref.Hash()
+	return s.branch.refs[s.trackingRef()]
 }
 
 // Fetch brings the branch's head into memory, shallow and without tags, when the remote
-// has moved; it returns the head either way. A force-push is fetched like any move.
+// has moved; it returns the head either way. A force-push is fetched like any move. The
+// head before stays readable through Snapshot until the next fetch.
 func (s *Source) Fetch(ctx context.Context) (*Snapshot, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	remote, err := s.RemoteHead(ctx)
+	return s.fetch(ctx, s.branch.refs[s.trackingRef()])
+}
+
+// fetch brings the remote's head and keeps, besides it, the commit keep.
+func (s *Source) fetch(ctx context.Context, keep plumbing.Hash) (*Snapshot, error) {
+	ss, err := s.open(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if remote != s.head() {
-		err := s.remote.FetchContext(ctx, &git.FetchOptions{
-			RefSpecs: []config.RefSpec{branchSpec(s.opts.Branch)},
-			Depth:    1,
-			Auth:     s.opts.Auth,
-			Tags:     git.NoTags,
-			Force:    true,
-		})
-		if err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
+	defer ss.Close()
+	remote, err := s.remoteHead(ss)
+	if err != nil {
+		return nil, err
+	}
+	tracking := s.trackingRef()
+	if remote != s.branch.refs[tracking] {
+		if be := s.branchRefused; be != nil && be.Commit == remote {
+			// Over the budget it stays: fetching it again would bring as much again.
+			return nil, fmt.Errorf("gitsource: fetching %s: %w", RedactURL(s.opts.URL), be)
+		}
+		err := ss.fetch(ctx, s.branch, remote, 1, budget{Limits: s.opts.BranchLimits, scope: "branch " + s.opts.Branch, per: "fetch of the branch", depth: 1})
+		if err != nil {
+			var be *BudgetError
+			if errors.As(err, &be) {
+				be.Commit = remote
+				s.branchRefused = be
+				return nil, fmt.Errorf("gitsource: fetching %s: %w", RedactURL(s.opts.URL), be)
+			}
 			return nil, s.wrap("fetching", err)
 		}
+		s.branch.refs[tracking] = remote
 	}
-	return s.snapshot(s.head())
+	if s.branch.grown() {
+		pruned, err := s.branch.pruned(func(n plumbing.ReferenceName) bool { return n == tracking }, []plumbing.Hash{remote, keep}, 1)
+		if err != nil {
+			return nil, err
+		}
+		s.branch = pruned
+	}
+	return s.snapshot(remote)
 }
 
-// Snapshot reads a commit that was fetched before.
+// Snapshot reads a commit that was fetched before: the head, or the commit kept
+// beside it (the last one Update compared the head with).
 func (s *Source) Snapshot(h plumbing.Hash) (*Snapshot, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -155,7 +207,7 @@ func (s *Source) Snapshot(h plumbing.Hash) (*Snapshot, error) {
 }
 
 func (s *Source) snapshot(h plumbing.Hash) (*Snapshot, error) {
-	c, err := s.repo.CommitObject(h)
+	c, err := object.GetCommit(s.branch, h)
 	if err != nil {
 		return nil, fmt.Errorf("gitsource: commit %s: %w", h, err)
 	}
@@ -168,9 +220,13 @@ func (s *Source) snapshot(h plumbing.Hash) (*Snapshot, error) {
 
 // Update fetches and compares the new head with last, the commit the caller reconciled
 // last (the zero hash at start): the changes say what to re-read. With TrustedKeys set,
-// a new head that fails verification gives a *VerificationError and nothing to apply.
+// a new head that fails verification gives a *VerificationError and nothing to apply; a
+// head over BranchLimits gives a *BudgetError. The copy keeps the new head and last,
+// so a caller that could not apply the head may ask again with the same last.
 func (s *Source) Update(ctx context.Context, last plumbing.Hash) (*Snapshot, Changes, error) {
-	snap, err := s.Fetch(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	snap, err := s.fetch(ctx, last)
 	if err != nil {
 		return nil, Changes{}, err
 	}
@@ -178,7 +234,7 @@ func (s *Source) Update(ctx context.Context, last plumbing.Hash) (*Snapshot, Cha
 		return snap, Changes{}, nil
 	}
 	if s.opts.TrustedKeys != "" {
-		c, err := s.repo.CommitObject(snap.Commit)
+		c, err := object.GetCommit(s.branch, snap.Commit)
 		if err != nil {
 			return nil, Changes{}, fmt.Errorf("gitsource: commit %s: %w", snap.Commit, err)
 		}
@@ -189,11 +245,11 @@ func (s *Source) Update(ctx context.Context, last plumbing.Hash) (*Snapshot, Cha
 	if last.IsZero() {
 		return snap, Changes{All: true, Reason: "first read"}, nil
 	}
-	old, err := s.Snapshot(last)
+	old, err := s.snapshot(last)
 	if err != nil {
 		return snap, Changes{All: true, Reason: "the last reconciled commit is no longer known"}, nil
 	}
-	ch, err := Diff(ctx, old.tree, snap.tree)
+	ch, err := diff(ctx, s.branch, old.tree.Hash, snap.tree.Hash)
 	if err != nil {
 		return nil, Changes{}, err
 	}

@@ -2,6 +2,8 @@ package gitsource_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -182,5 +184,72 @@ func TestMissingBranchIsAnError(t *testing.T) {
 	}
 	if _, err := gitsource.New(gitsource.Options{Branch: "main"}); err == nil {
 		t.Fatal("a source without URL was accepted")
+	}
+}
+
+// A head of the branch over the budget fails Update, as a broken fleet.yaml does: the
+// hub applies nothing of it and keeps the last head; a head back within the budget is
+// compared with that last head.
+func TestBranchHeadOverTheBudgetFailsUpdate(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change map[string][]byte
+		err    string
+	}{
+		{"a file larger than the budget", map[string][]byte{"clusters/gpu-a/payload.bin": randomFile(7, 3<<20)},
+			"branch main: a file of 3 MiB is larger than the 2 MiB the hub reads for one fetch of the branch"},
+		{"more objects than the budget", func() map[string][]byte {
+			files := map[string][]byte{}
+			for i := range 120 {
+				files[fmt.Sprintf("clusters/gpu-a/notes/%d.txt", i)] = fmt.Appendf(nil, "note %d\n", i)
+			}
+			return files
+		}(), "branch main: its head commit brings more than 100 new files, directories and commits, the most the hub reads for one fetch of the branch"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+			s, err := gitsource.New(gitsource.Options{URL: repo.URL(), Branch: "main", BranchLimits: gitsource.Limits{Bytes: 2 << 20, Objects: 100}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			first, _, err := s.Update(t.Context(), plumbing.ZeroHash)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := s.Memory().Branch
+			tooMuch := repo.Commit("main", "too much", tc.change)
+			_, _, err = s.Update(t.Context(), first.Commit)
+			var be *gitsource.BudgetError
+			if !errors.As(err, &be) || be.Commit.String() != tooMuch || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("Update = %v, want a budget error on %s saying %q", err, tooMuch, tc.err)
+			}
+			if s.Head() != first.Commit || s.Memory().Branch != held {
+				t.Fatalf("after the refused head: head %s, holding %+v; want %s, %+v as before", s.Head(), s.Memory().Branch, first.Commit, held)
+			}
+			if _, _, again := s.Update(t.Context(), first.Commit); !errors.As(again, &be) || again.Error() != err.Error() {
+				t.Fatalf("the same head again: %v, want %v", again, err)
+			}
+
+			removed := map[string][]byte{}
+			for p := range tc.change {
+				removed[p] = nil
+			}
+			fixed := repo.Commit("main", "undo", removed)
+			snap, ch, err := s.Update(t.Context(), first.Commit)
+			if err != nil || snap.Commit.String() != fixed || !ch.Empty() && !ch.All {
+				t.Fatalf("Update after the fix = %v at %v with %+v, want %s changing nothing", err, snap, ch, fixed)
+			}
+		})
+	}
+}
+
+func TestNegativeLimitsAreRefused(t *testing.T) {
+	for _, opts := range []gitsource.Options{
+		{URL: "https://example.invalid/fleet.git", Branch: "main", BranchLimits: gitsource.Limits{Bytes: -1}},
+		{URL: "https://example.invalid/fleet.git", Branch: "main", PullRequestLimits: gitsource.Limits{Objects: -1}},
+	} {
+		if _, err := gitsource.New(opts); err == nil || !strings.Contains(err.Error(), "negative") {
+			t.Errorf("New(%+v) = %v, want a refusal of the negative limit", opts, err)
+		}
 	}
 }

@@ -1,22 +1,49 @@
 package gitsource
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"path"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/object"
 )
 
+// MaxLinkHops is the most symbolic links followed to resolve one name, the fleet
+// loader's limit too: a pull request's head decides what its links point at, so a loop
+// or a long chain must end in an error, never in unbounded work.
+const MaxLinkHops = 8
+
+// maxLinkTarget is the longest link target read, PATH_MAX on Linux: a checkout could not
+// hold a longer one, and every hop may lengthen the path being resolved by that much.
+const maxLinkTarget = 4096
+
+// errLinkLoop is what a name that needs more than MaxLinkHops links fails with.
+var errLinkLoop = errors.New("too many levels of symbolic links")
+
 // TreeFS reads a commit's tree as an fs.FS, so that the fleet loader reads a commit the
-// way it reads a checkout. Symbolic links are reported as such and read with ReadLink,
-// never followed by the file system itself.
-type TreeFS struct{ root *object.Tree }
+// way it reads a checkout.
+//
+// Symbolic links are resolved the way a checkout on disk resolves them, within bounds
+// that a hostile commit cannot move: at most MaxLinkHops links for one name, none leading
+// out of the tree (an absolute target, or one climbing above the root, is an error) and a
+// loop is an error rather than a crash. Stat, Open, ReadDir and ReadShared follow links;
+// Lstat and ReadLink report the link itself.
+//
+// ReadShared hands out each blob's content once, whatever the number of paths naming
+// it, so that twenty thousand paths to one large blob cost its size once in memory.
+//
+// A TreeFS is safe for concurrent use. It remembers the directories it decoded and the
+// blobs it handed out for as long as it is referenced.
+type TreeFS struct{ s *treeState }
 
 var (
 	_ fs.ReadDirFS  = TreeFS{}
@@ -24,131 +51,324 @@ var (
 	_ fs.StatFS     = TreeFS{}
 )
 
-// NewTreeFS wraps a tree.
-func NewTreeFS(t *object.Tree) TreeFS { return TreeFS{root: t} }
+type treeState struct {
+	mu sync.Mutex
+	// dirs are the directories decoded so far, by their path without links; "." is the
+	// root.
+	dirs map[string]*treeDirIndex
+	// blobs are the contents ReadShared handed out, by blob hash.
+	blobs map[plumbing.Hash][]byte
+	// sizes and targets are what entries' blobs were looked up for: a link loop is
+	// followed over and over, and each lookup would otherwise decode the blob again.
+	// They are kept by entry, as go-git checks an entry's name when its blob is read.
+	sizes   map[*object.TreeEntry]int64
+	targets map[*object.TreeEntry]string
+}
 
-// entry finds name; the root is a directory entry without a name.
-func (t TreeFS) entry(op, name string) (*object.TreeEntry, error) {
+// treeDirIndex is one decoded directory.
+type treeDirIndex struct {
+	tree   *object.Tree
+	byName map[string]*object.TreeEntry
+	// err is set for a directory no checkout could hold: an entry named "", "." or
+	// "..", a name with a slash, or two entries of one name.
+	err error
+}
+
+// NewTreeFS wraps a tree.
+func NewTreeFS(t *object.Tree) TreeFS {
+	// go-git's lookups write a cache into the tree they are called on; a copy of the
+	// root keeps them off a tree that other readers of the same commit share.
+	root := *t
+	s := &treeState{
+		dirs:    map[string]*treeDirIndex{},
+		blobs:   map[plumbing.Hash][]byte{},
+		sizes:   map[*object.TreeEntry]int64{},
+		targets: map[*object.TreeEntry]string{},
+	}
+	s.dirs["."] = index(&root)
+	return TreeFS{s: s}
+}
+
+func index(t *object.Tree) *treeDirIndex {
+	d := &treeDirIndex{tree: t, byName: make(map[string]*object.TreeEntry, len(t.Entries))}
+	for i := range t.Entries {
+		e := &t.Entries[i]
+		switch {
+		case e.Name == "" || e.Name == "." || e.Name == ".." || strings.ContainsAny(e.Name, "/\x00"):
+			d.err = fmt.Errorf("holds an entry named %q, which no checkout can hold", e.Name)
+			return d
+		case d.byName[e.Name] != nil:
+			d.err = fmt.Errorf("holds two entries named %q", e.Name)
+			return d
+		}
+		d.byName[e.Name] = e
+	}
+	return d
+}
+
+// rootEntry stands for the root, which has no entry of its own.
+var rootEntry = object.TreeEntry{Name: ".", Mode: filemode.Dir}
+
+// resolved is a name after its links: the path it stands for and that path's entry.
+type resolved struct {
+	path  string
+	entry *object.TreeEntry
+	// dir holds the entry; nil for the root.
+	dir *treeDirIndex
+}
+
+// resolve finds name's entry. Links among the directories on the way are always
+// followed and the last element's link when follow is set; the caller holds s.mu.
+func (t TreeFS) resolve(op, name string, follow bool) (resolved, error) {
 	if !fs.ValidPath(name) {
-		return nil, &fs.PathError{Op: op, Path: name, Err: fs.ErrInvalid}
+		return resolved{}, &fs.PathError{Op: op, Path: name, Err: fs.ErrInvalid}
 	}
-	if name == "." {
-		return &object.TreeEntry{Name: ".", Mode: filemode.Dir, Hash: t.root.Hash}, nil
+	fail := func(err error) (resolved, error) { return resolved{}, &fs.PathError{Op: op, Path: name, Err: err} }
+	cur, hops := name, 0
+restart:
+	if cur == "." {
+		return resolved{path: ".", entry: &rootEntry}, nil
 	}
-	e, err := t.root.FindEntry(name)
+	dirPath, d, rest := ".", t.s.dirs["."], cur
+	for {
+		elem, more, notLast := strings.Cut(rest, "/")
+		if d.err != nil {
+			return fail(fmt.Errorf("directory %s %w", dirPath, d.err))
+		}
+		e := d.byName[elem]
+		if e == nil {
+			return fail(fs.ErrNotExist)
+		}
+		p := path.Join(dirPath, elem)
+		if e.Mode == filemode.Symlink && (notLast || follow) {
+			if hops++; hops > MaxLinkHops {
+				return fail(errLinkLoop)
+			}
+			target, err := t.linkTarget(d, e)
+			if err != nil {
+				return fail(fmt.Errorf("symbolic link %s: %w", p, err))
+			}
+			next := path.Join(dirPath, target)
+			if path.IsAbs(target) || next == ".." || strings.HasPrefix(next, "../") {
+				return fail(fmt.Errorf("symbolic link %s to %q leaves the repository", p, target))
+			}
+			if notLast {
+				next = path.Join(next, more)
+			}
+			cur = next
+			goto restart
+		}
+		if !notLast {
+			return resolved{path: p, entry: e, dir: d}, nil
+		}
+		if e.Mode != filemode.Dir {
+			return fail(errors.New("not a directory"))
+		}
+		sub, err := t.dir(d, p, e)
+		if err != nil {
+			return fail(err)
+		}
+		dirPath, d, rest = p, sub, more
+	}
+}
+
+// dir decodes the directory p, the entry e of parent, once.
+func (t TreeFS) dir(parent *treeDirIndex, p string, e *object.TreeEntry) (*treeDirIndex, error) {
+	if d, ok := t.s.dirs[p]; ok {
+		return d, nil
+	}
+	sub, err := parent.tree.Tree(e.Name)
 	if err != nil {
-		return nil, &fs.PathError{Op: op, Path: name, Err: fs.ErrNotExist}
+		return nil, fmt.Errorf("directory %s: %w", p, err)
 	}
-	return e, nil
+	d := index(sub)
+	t.s.dirs[p] = d
+	return d, nil
+}
+
+func (t TreeFS) linkTarget(d *treeDirIndex, e *object.TreeEntry) (string, error) {
+	if s, ok := t.s.targets[e]; ok {
+		return s, nil
+	}
+	f, err := d.tree.TreeEntryFile(e)
+	if err != nil {
+		return "", err
+	}
+	if f.Size > maxLinkTarget {
+		return "", fmt.Errorf("target is %d bytes, longer than the %d a path may be", f.Size, maxLinkTarget)
+	}
+	s, err := f.Contents()
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case s == "":
+		return "", errors.New("empty target")
+	case strings.IndexByte(s, 0) >= 0:
+		return "", errors.New("target holds a NUL byte")
+	}
+	t.s.targets[e] = s
+	return s, nil
+}
+
+// blob is the file of a resolved regular file.
+func (t TreeFS) blob(op string, r resolved) (*object.File, error) {
+	f, err := r.dir.tree.TreeEntryFile(r.entry)
+	if err != nil {
+		return nil, &fs.PathError{Op: op, Path: r.path, Err: err}
+	}
+	t.s.sizes[r.entry] = f.Size
+	return f, nil
+}
+
+// size is the size of a resolved file or link.
+func (t TreeFS) size(op string, r resolved) (int64, error) {
+	if n, ok := t.s.sizes[r.entry]; ok {
+		return n, nil
+	}
+	f, err := t.blob(op, r)
+	if err != nil {
+		return 0, err
+	}
+	return f.Size, nil
 }
 
 func (t TreeFS) Open(name string) (fs.File, error) {
-	e, err := t.entry("open", name)
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
+	r, err := t.resolve("open", name, true)
 	if err != nil {
 		return nil, err
 	}
 	switch {
-	case e.Mode == filemode.Dir:
-		return &treeDir{fs: t, name: name, entry: e}, nil
-	case e.Mode == filemode.Symlink:
-		// Open follows links in io/fs; the loader resolves them itself, inside the tree.
-		return nil, &fs.PathError{Op: "open", Path: name, Err: errors.New("is a symbolic link")}
-	case e.Mode.IsFile():
-		blob, err := t.root.File(name)
+	case r.entry.Mode == filemode.Dir:
+		return &treeDir{fs: t, name: name, info: fileInfo{name: path.Base(name), mode: fs.ModeDir | 0o755}}, nil
+	case r.entry.Mode.IsFile():
+		f, err := t.blob("open", r)
+		if err != nil {
+			return nil, err
+		}
+		info := info(r.entry, f.Size)
+		info.name = path.Base(name)
+		if data, ok := t.s.blobs[r.entry.Hash]; ok {
+			return &treeFile{ReadCloser: io.NopCloser(bytes.NewReader(data)), info: info}, nil
+		}
+		rd, err := f.Reader()
 		if err != nil {
 			return nil, &fs.PathError{Op: "open", Path: name, Err: err}
 		}
-		r, err := blob.Reader()
-		if err != nil {
-			return nil, &fs.PathError{Op: "open", Path: name, Err: err}
-		}
-		return &treeFile{ReadCloser: r, info: info(e, blob.Size)}, nil
+		return &treeFile{ReadCloser: rd, info: info}, nil
 	default: // a submodule
 		return nil, &fs.PathError{Op: "open", Path: name, Err: errors.New("is a submodule")}
 	}
 }
 
-func (t TreeFS) Stat(name string) (fs.FileInfo, error) {
-	e, err := t.entry("stat", name)
+// ReadShared returns the content of the file name, following links. Every path naming
+// the same blob gets the same slice, read once: callers must never modify it.
+func (t TreeFS) ReadShared(name string) ([]byte, error) {
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
+	r, err := t.resolve("read", name, true)
 	if err != nil {
 		return nil, err
 	}
-	if e.Mode == filemode.Symlink {
-		target, err := t.ReadLink(name)
-		if err != nil {
+	switch {
+	case r.entry.Mode == filemode.Dir:
+		return nil, &fs.PathError{Op: "read", Path: name, Err: errors.New("is a directory")}
+	case !r.entry.Mode.IsFile():
+		return nil, &fs.PathError{Op: "read", Path: name, Err: errors.New("is a submodule")}
+	}
+	if _, err := t.size("read", r); err != nil {
+		return nil, err
+	}
+	if data, ok := t.s.blobs[r.entry.Hash]; ok {
+		return data, nil
+	}
+	f, err := t.blob("read", r)
+	if err != nil {
+		return nil, err
+	}
+	rd, err := f.Reader()
+	if err != nil {
+		return nil, &fs.PathError{Op: "read", Path: name, Err: err}
+	}
+	defer rd.Close()
+	data := make([]byte, f.Size)
+	if _, err := io.ReadFull(rd, data); err != nil {
+		return nil, &fs.PathError{Op: "read", Path: name, Err: err}
+	}
+	t.s.blobs[r.entry.Hash] = data
+	return data, nil
+}
+
+func (t TreeFS) Stat(name string) (fs.FileInfo, error) { return t.stat("stat", name, true) }
+
+func (t TreeFS) Lstat(name string) (fs.FileInfo, error) { return t.stat("lstat", name, false) }
+
+func (t TreeFS) stat(op, name string, follow bool) (fs.FileInfo, error) {
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
+	r, err := t.resolve(op, name, follow)
+	if err != nil {
+		return nil, err
+	}
+	var size int64
+	if r.entry.Mode.IsFile() || r.entry.Mode == filemode.Symlink {
+		if size, err = t.size(op, r); err != nil {
 			return nil, err
 		}
-		return t.Stat(path.Join(path.Dir(name), target))
 	}
-	return t.lstat(name, e)
-}
-
-func (t TreeFS) Lstat(name string) (fs.FileInfo, error) {
-	e, err := t.entry("lstat", name)
-	if err != nil {
-		return nil, err
-	}
-	return t.lstat(name, e)
-}
-
-func (t TreeFS) lstat(name string, e *object.TreeEntry) (fs.FileInfo, error) {
-	var size int64
-	if e.Mode.IsFile() || e.Mode == filemode.Symlink {
-		f, err := t.root.File(name)
-		if err != nil {
-			return nil, &fs.PathError{Op: "stat", Path: name, Err: err}
-		}
-		size = f.Size
-	}
-	return info(e, size), nil
+	i := info(r.entry, size)
+	// The name is the one asked for: a followed link keeps its own name, as on disk.
+	i.name = path.Base(name)
+	return i, nil
 }
 
 func (t TreeFS) ReadLink(name string) (string, error) {
-	e, err := t.entry("readlink", name)
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
+	r, err := t.resolve("readlink", name, false)
 	if err != nil {
 		return "", err
 	}
-	if e.Mode != filemode.Symlink {
+	if r.entry.Mode != filemode.Symlink {
 		return "", &fs.PathError{Op: "readlink", Path: name, Err: fs.ErrInvalid}
 	}
-	f, err := t.root.File(name)
+	target, err := t.linkTarget(r.dir, r.entry)
 	if err != nil {
 		return "", &fs.PathError{Op: "readlink", Path: name, Err: err}
 	}
-	s, err := f.Contents()
-	if err != nil {
-		return "", &fs.PathError{Op: "readlink", Path: name, Err: err}
-	}
-	return s, nil
+	return target, nil
 }
 
 func (t TreeFS) ReadDir(name string) ([]fs.DirEntry, error) {
-	tree := t.root
-	if name != "." {
-		e, err := t.entry("readdir", name)
-		if err != nil {
-			return nil, err
-		}
-		if e.Mode != filemode.Dir {
-			return nil, &fs.PathError{Op: "readdir", Path: name, Err: errors.New("not a directory")}
-		}
-		if tree, err = t.root.Tree(name); err != nil {
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
+	r, err := t.resolve("readdir", name, true)
+	if err != nil {
+		return nil, err
+	}
+	if r.entry.Mode != filemode.Dir {
+		return nil, &fs.PathError{Op: "readdir", Path: name, Err: errors.New("not a directory")}
+	}
+	d := t.s.dirs["."]
+	if r.dir != nil {
+		if d, err = t.dir(r.dir, r.path, r.entry); err != nil {
 			return nil, &fs.PathError{Op: "readdir", Path: name, Err: err}
 		}
 	}
-	out := make([]fs.DirEntry, 0, len(tree.Entries))
-	for i := range tree.Entries {
-		e := &tree.Entries[i]
-		out = append(out, dirEntry{info(e, -1)})
+	if d.err != nil {
+		return nil, &fs.PathError{Op: "readdir", Path: name, Err: d.err}
+	}
+	out := make([]fs.DirEntry, 0, len(d.tree.Entries))
+	for i := range d.tree.Entries {
+		e := &d.tree.Entries[i]
+		out = append(out, dirEntry{fs: t, path: path.Join(name, e.Name), info: info(e, 0)})
 	}
 	// Git sorts a tree's entries with directories as if they ended in "/"; io/fs
 	// wants plain name order.
-	sortEntries(out)
+	slices.SortFunc(out, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 	return out, nil
-}
-
-func sortEntries(es []fs.DirEntry) {
-	slices.SortFunc(es, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 }
 
 type fileInfo struct {
@@ -175,16 +395,23 @@ func info(e *object.TreeEntry, size int64) fileInfo {
 }
 
 func (i fileInfo) Name() string       { return i.name }
-func (i fileInfo) Size() int64        { return max(i.size, 0) }
+func (i fileInfo) Size() int64        { return i.size }
 func (i fileInfo) Mode() fs.FileMode  { return i.mode }
 func (i fileInfo) ModTime() time.Time { return time.Time{} }
 func (i fileInfo) IsDir() bool        { return i.mode.IsDir() }
 func (i fileInfo) Sys() any           { return nil }
 
-type dirEntry struct{ fileInfo }
+// dirEntry is listed from the tree alone; its size needs the blob, read by Info.
+type dirEntry struct {
+	fs   TreeFS
+	path string
+	info fileInfo
+}
 
-func (d dirEntry) Type() fs.FileMode          { return d.mode.Type() }
-func (d dirEntry) Info() (fs.FileInfo, error) { return d.fileInfo, nil }
+func (d dirEntry) Name() string               { return d.info.name }
+func (d dirEntry) IsDir() bool                { return d.info.IsDir() }
+func (d dirEntry) Type() fs.FileMode          { return d.info.mode.Type() }
+func (d dirEntry) Info() (fs.FileInfo, error) { return d.fs.Lstat(d.path) }
 
 type treeFile struct {
 	io.ReadCloser
@@ -194,14 +421,14 @@ type treeFile struct {
 func (f *treeFile) Stat() (fs.FileInfo, error) { return f.info, nil }
 
 type treeDir struct {
-	fs    TreeFS
-	name  string
-	entry *object.TreeEntry
-	list  []fs.DirEntry
-	read  bool
+	fs   TreeFS
+	name string
+	info fileInfo
+	list []fs.DirEntry
+	read bool
 }
 
-func (d *treeDir) Stat() (fs.FileInfo, error) { return info(d.entry, 0), nil }
+func (d *treeDir) Stat() (fs.FileInfo, error) { return d.info, nil }
 func (d *treeDir) Read([]byte) (int, error) {
 	return 0, &fs.PathError{Op: "read", Path: d.name, Err: errors.New("is a directory")}
 }

@@ -7,12 +7,23 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // MaxMessageSize bounds one control message. A desired state of a few hundred Kueue
 // objects is well below it; anything larger is hostile or broken.
 const MaxMessageSize = 8 << 20
+
+// MaxHelloSize bounds the messages a receiver reads before it knows its peer: the hub
+// reads the agent's hello under it, so a connection that authenticated but has not yet
+// said who it is cannot make the hub hold more than this for it.
+const MaxHelloSize = 64 << 10
+
+// firstChunk is the buffer a message body starts in; it grows as bytes arrive.
+const firstChunk = 4 << 10
 
 // ErrTooLarge is returned for a message over the size cap; the stream cannot be read
 // further, since the rest of the message would be taken for the next one.
@@ -28,20 +39,33 @@ var (
 // Conn reads and writes control messages on a stream. Reads and writes may happen
 // concurrently with each other; concurrent writes are serialized.
 type Conn struct {
-	r   *bufio.Reader
-	w   io.Writer
-	max int
+	r            *bufio.Reader
+	w            io.Writer
+	max          atomic.Int64
+	writeTimeout atomic.Int64 // nanoseconds; 0 for none
 
 	wmu sync.Mutex
 }
 
 // NewConn frames messages on rw with the default size cap.
 func NewConn(rw io.ReadWriter) *Conn {
-	return &Conn{r: bufio.NewReaderSize(rw, 512), w: rw, max: MaxMessageSize}
+	c := &Conn{r: bufio.NewReaderSize(rw, 512), w: rw}
+	c.max.Store(MaxMessageSize)
+	return c
 }
 
-// SetMaxMessageSize changes the size cap, for tests and for peers that agreed on less.
-func (c *Conn) SetMaxMessageSize(n int) { c.max = n }
+// SetMaxMessageSize changes the size cap of both directions: MaxHelloSize until the
+// peer is known, less for peers that agreed on less, and in tests.
+func (c *Conn) SetMaxMessageSize(n int) { c.max.Store(int64(n)) }
+
+// SetWriteTimeout bounds each Send when the stream has write deadlines (as yamux
+// streams do): a peer that stops reading fails the Send after d instead of blocking
+// the sender forever once the stream's window is full. The error is then a net.Error
+// whose Timeout() is true. Zero means no bound.
+func (c *Conn) SetWriteTimeout(d time.Duration) { c.writeTimeout.Store(int64(d)) }
+
+// deadliner is a stream that can bound its writes.
+type deadliner interface{ SetWriteDeadline(time.Time) error }
 
 // Send writes one message.
 func (c *Conn) Send(typ string, body any) error {
@@ -53,7 +77,7 @@ func (c *Conn) Send(typ string, body any) error {
 	if err != nil {
 		return fmt.Errorf("protocol: encoding %s: %w", typ, err)
 	}
-	if len(data) > c.max {
+	if int64(len(data)) > c.max.Load() {
 		return fmt.Errorf("protocol: %s of %d bytes: %w", typ, len(data), ErrTooLarge)
 	}
 	frame := make([]byte, 4+len(data))
@@ -61,6 +85,13 @@ func (c *Conn) Send(typ string, body any) error {
 	copy(frame[4:], data)
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if d, ok := c.w.(deadliner); ok {
+		var deadline time.Time
+		if t := time.Duration(c.writeTimeout.Load()); t > 0 {
+			deadline = time.Now().Add(t)
+		}
+		_ = d.SetWriteDeadline(deadline)
+	}
 	if _, err := c.w.Write(frame); err != nil {
 		return fmt.Errorf("protocol: sending %s: %w", typ, err)
 	}
@@ -76,11 +107,11 @@ func (c *Conn) Receive() (*Envelope, any, error) {
 		return nil, nil, err
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
-	if int64(n) > int64(c.max) {
+	if int64(n) > c.max.Load() {
 		return nil, nil, fmt.Errorf("protocol: message of %d bytes: %w", n, ErrTooLarge)
 	}
-	data := make([]byte, n)
-	if _, err := io.ReadFull(c.r, data); err != nil {
+	data, err := readBody(c.r, int(n))
+	if err != nil {
 		return nil, nil, fmt.Errorf("protocol: reading a message of %d bytes: %w", n, err)
 	}
 	env := new(Envelope)
@@ -100,6 +131,28 @@ func (c *Conn) Receive() (*Envelope, any, error) {
 		}
 	}
 	return env, body, nil
+}
+
+// readBody reads n bytes into a buffer that grows as they arrive, never past n: the
+// length prefix is the peer's claim, and a peer that claims megabytes and sends nothing
+// must cost next to nothing.
+func readBody(r io.Reader, n int) ([]byte, error) {
+	buf := make([]byte, 0, min(n, firstChunk))
+	for len(buf) < n {
+		if len(buf) == cap(buf) {
+			// Doubling keeps the copies linear in what arrived.
+			buf = slices.Grow(buf, min(len(buf), n-len(buf)))
+		}
+		m, err := r.Read(buf[len(buf):min(cap(buf), n)])
+		buf = buf[:len(buf)+m]
+		if err != nil && len(buf) < n {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+	}
+	return buf, nil
 }
 
 // MalformedError is a message that is not valid JSON of its type. The frame was read

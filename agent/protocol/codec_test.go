@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"testing"
+	"testing/iotest"
+	"time"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 )
@@ -122,6 +125,116 @@ func TestSecretsDoNotPrint(t *testing.T) {
 	}
 	if data, _ := json.Marshal(m); !strings.Contains(string(data), "flt1_abc") {
 		t.Fatal("the wire form lost the credential")
+	}
+}
+
+// stalling gives its bytes, then blocks until released, as a peer that announced a
+// message and sent only its beginning.
+type stalling struct {
+	data    []byte
+	stalled chan struct{}
+	release chan struct{}
+}
+
+func (r *stalling) Read(p []byte) (int, error) {
+	if len(r.data) > 0 {
+		n := copy(p, r.data)
+		r.data = r.data[n:]
+		return n, nil
+	}
+	close(r.stalled)
+	<-r.release
+	return 0, io.EOF
+}
+
+func TestReceiveAllocatesAsBytesArriveNotAsTheLengthPrefixClaims(t *testing.T) {
+	const runs = 16
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range runs {
+		in := make([]byte, 4+100)
+		binary.BigEndian.PutUint32(in, protocol.MaxMessageSize)
+		r := &stalling{data: in, stalled: make(chan struct{}), release: make(chan struct{})}
+		done := make(chan error, 1)
+		go func() { _, _, err := protocol.NewConn(&rw{r: r}).Receive(); done <- err }()
+		<-r.stalled // the peer sent 100 bytes of its 8 MiB and went quiet
+		close(r.release)
+		if err := <-done; !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("Receive of a message cut short = %v, want io.ErrUnexpectedEOF", err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if perRun := (after.TotalAlloc - before.TotalAlloc) / runs; perRun > 64<<10 {
+		t.Fatalf("a peer that announced %d bytes and sent 100 made the receiver allocate %d bytes", protocol.MaxMessageSize, perRun)
+	}
+}
+
+func TestReceiveReadsMessagesOfEverySizeUpToTheCap(t *testing.T) {
+	for _, n := range []int{0, 1, 4<<10 - 1, 4 << 10, 4<<10 + 1, 100 << 10, 1 << 20} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			body := &protocol.Hello{Identity: strings.Repeat("x", max(0, n-40))}
+			var in bytes.Buffer
+			send := protocol.NewConn(&rw{r: &bytes.Buffer{}, w: &in})
+			if err := send.Send(protocol.TypeHello, body); err != nil {
+				t.Fatal(err)
+			}
+			recv := protocol.NewConn(&rw{r: iotest.HalfReader(&in)})
+			_, got, err := recv.Receive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h, ok := got.(*protocol.Hello); !ok || h.Identity != body.Identity {
+				t.Fatalf("read back %T with an identity of %d bytes, want %d", got, len(h.Identity), len(body.Identity))
+			}
+		})
+	}
+}
+
+func TestSendGivesUpOnAPeerThatStopsReading(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	c := protocol.NewConn(a) // nobody reads b
+	c.SetWriteTimeout(50 * time.Millisecond)
+	err := c.Send(protocol.TypeHeartbeat, &protocol.Heartbeat{})
+	if !protocol.IsWriteTimeout(err) {
+		t.Fatalf("Send to a peer that reads nothing = %v, want a write timeout", err)
+	}
+}
+
+func TestRedemptionKeys(t *testing.T) {
+	k1, err := protocol.NewRedemptionKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2, _ := protocol.NewRedemptionKey()
+	if k1 == k2 {
+		t.Fatal("two redemption keys are equal")
+	}
+	if fmt.Sprint(k1) != "[redacted]" {
+		t.Fatal("a redemption key prints")
+	}
+	for _, k := range []string{k1.Reveal(), k2.Reveal()} {
+		if !protocol.ValidRedemptionKey(k) {
+			t.Fatalf("a drawn key is not valid: %d characters", len(k))
+		}
+	}
+	for name, k := range map[string]string{
+		"empty":             "",
+		"short":             k1.Reveal()[:42],
+		"long":              k1.Reveal() + "A",
+		"not base64url":     strings.Repeat("+", 43),
+		"non-canonical end": k1.Reveal()[:42] + "B", // a last character with stray low bits
+		"a token":           "flt1_" + strings.Repeat("a", 59),
+	} {
+		if protocol.ValidRedemptionKey(k) {
+			// "non-canonical end" is valid only when it happens to spell the same bits.
+			if name == "non-canonical end" && k == k1.Reveal() {
+				continue
+			}
+			t.Errorf("%s key accepted", name)
+		}
 	}
 }
 

@@ -9,14 +9,37 @@
 //	Flotilla-Identity: <worker identity>            (the flotilla.dev/worker-cluster value)
 //	Flotilla-Auth: enrollment | credential           (what the secret is)
 //	Flotilla-Protocol: <version>                     (ProtocolVersion of the agent)
+//	Flotilla-Redemption-Key: <key>                   (with an enrollment token; optional)
 //
 // The first contact presents the one-shot enrollment token from the fleet repository;
 // the hub answers the upgrade with the agent's own credential in the header
-// Flotilla-Credential, and from then on the agent presents that credential. A refused
-// secret gets 401 with no detail. A protocol version the hub does not speak gets 400
-// with a plain-text reason. The hub pings at the heartbeat interval (WebSocket ping
-// frames) and drops a peer that stays silent past the heartbeat timeout; so does the
-// agent.
+// Flotilla-Credential, and from then on the agent presents that credential. Tokens and
+// credentials have one shape (flt1_, 64 characters, with a checksum) and the identity
+// is a label value: the hub refuses anything of another shape before it looks anything
+// up. A refused secret gets 401 with no detail. A protocol version the hub does not
+// speak gets 400 with a plain-text reason. The hub pings at the heartbeat interval
+// (WebSocket ping frames) and drops a peer that stays silent past the heartbeat
+// timeout; so does the agent.
+//
+// # Redemption
+//
+// A redemption is one-shot: the hub records it before it answers, so an answer lost on
+// the way (a proxy that fails, a connection cut) would burn the token. To recover, the
+// agent draws a redemption key (NewRedemptionKey: 32 random bytes, base64url without
+// padding) before its first attempt, keeps it until it holds a credential (the agent
+// stores it beside where the credential goes), and sends it with every attempt with
+// that token. The hub keeps only a hash of the key with the redemption. Presenting the
+// redeemed token again with the same key within the hub's retry window (5 minutes by
+// default, counted from the first redemption) is answered with a fresh credential, which
+// replaces the one that was lost; the token with any other key, or with none, or after
+// the window, is refused like any replay. Once the agent has said hello, on any
+// connection, it evidently holds its credential, and the hub forgets the key. An agent
+// that sends no key gets the one-shot behaviour alone.
+//
+// A redeemed token stays refused also after its cluster is removed from the fleet and
+// added back with the same enrollment file: the hub keeps a record of the tokens a
+// cluster redeemed beyond the cluster's removal. Such a cluster needs a new token
+// (flotilla cluster rotate-token).
 //
 // # Streams
 //
@@ -30,8 +53,11 @@
 //
 // Each message is a 4-byte big-endian length followed by that many bytes of JSON, an
 // Envelope: {"v": version, "type": type, "body": {...}}. A message longer than
-// MaxMessageSize is not read: the stream is closed with ErrTooLarge. A receiver answers
-// an unknown type or a newer version with an Error message and carries on.
+// MaxMessageSize is not read: the stream is closed with ErrTooLarge. Until the hello,
+// the hub's cap is MaxHelloSize: a larger first message closes the tunnel. A receiver
+// allocates a message as its bytes arrive, not as its length prefix announces. A
+// receiver answers an unknown type or a newer version with an Error message and carries
+// on.
 //
 //	agent → hub  hello        Hello: identity, versions, the hash it last applied
 //	hub → agent  desired      DesiredState: generation, hash and every object
@@ -46,4 +72,8 @@
 // The hub sends the whole desired state on every (re)connect and again periodically;
 // the agent applies it whole and acknowledges the hash. There is no event stream to
 // lose messages from: a lost message is repaired by the next whole state.
+//
+// Every write has a deadline (the hub's is 30 seconds by default): a peer that stops
+// reading is disconnected instead of holding the writer, and the hub records the
+// cluster as not connected, with reason SendTimeout.
 package protocol

@@ -1,7 +1,10 @@
 package protocol
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -28,6 +31,11 @@ const (
 	HeaderAuth       = "Flotilla-Auth"
 	HeaderProtocol   = "Flotilla-Protocol"
 	HeaderCredential = "Flotilla-Credential"
+	// HeaderRedemptionKey carries, with an enrollment token, a random value the agent
+	// drew for its redemption and keeps until it holds a credential: presenting the
+	// same token with the same key again shortly after is answered with a fresh
+	// credential, since the first answer was evidently lost.
+	HeaderRedemptionKey = "Flotilla-Redemption-Key"
 
 	AuthEnrollment = "enrollment"
 	AuthCredential = "credential"
@@ -210,3 +218,25 @@ const (
 	CodeUnsupportedVersion = "UnsupportedVersion"
 	CodeMalformed          = "Malformed"
 )
+
+// redemptionKeyBytes is the randomness of a redemption key: as much as a token's.
+const redemptionKeyBytes = 32
+
+// NewRedemptionKey draws the value an agent sends in HeaderRedemptionKey.
+func NewRedemptionKey() (Secret, error) {
+	var b [redemptionKeyBytes]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("protocol: drawing a redemption key: %w", err)
+	}
+	return Secret(base64.RawURLEncoding.EncodeToString(b[:])), nil
+}
+
+// ValidRedemptionKey reports whether s has the shape NewRedemptionKey gives, so that a
+// receiver can refuse anything else before it looks anything up.
+func ValidRedemptionKey(s string) bool {
+	if len(s) != base64.RawURLEncoding.EncodedLen(redemptionKeyBytes) {
+		return false
+	}
+	b, err := base64.RawURLEncoding.Strict().DecodeString(s)
+	return err == nil && len(b) == redemptionKeyBytes
+}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -34,8 +35,14 @@ const writeTimeout = 10 * time.Second
 type Tunnel struct {
 	*yamux.Session
 	ws   *websocket.Conn
+	conn *wsConn
 	stop func() bool
 }
+
+// WriteTimedOut reports whether a write to the peer, of a stream's data or of a ping,
+// took longer than its deadline: the peer stopped reading, and the tunnel is closed
+// for it.
+func (t *Tunnel) WriteTimedOut() bool { return t.conn.timedOut.Load() }
 
 // NewTunnel starts yamux over ws. The agent is the client (isClient true): it opens the
 // control stream; the hub is the server. Pings start at once.
@@ -79,7 +86,7 @@ func NewTunnel(ws *websocket.Conn, isClient bool, live Liveness) (*Tunnel, error
 	if err != nil {
 		return nil, fmt.Errorf("protocol: starting streams: %w", err)
 	}
-	t := &Tunnel{Session: sess, ws: ws}
+	t := &Tunnel{Session: sess, ws: ws, conn: c}
 	// A timer, not a goroutine, so an idle tunnel costs no stack for its pings.
 	var timer *time.Timer
 	var mu sync.Mutex
@@ -90,6 +97,7 @@ func NewTunnel(ws *websocket.Conn, isClient bool, live Liveness) (*Tunnel, error
 			return
 		}
 		if err := ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeTimeout)); err != nil && !errors.Is(err, websocket.ErrCloseSent) {
+			c.noteTimeout(err)
 			_ = sess.Close()
 			return
 		}
@@ -124,10 +132,18 @@ func (t *Tunnel) Close() error {
 
 // wsConn turns the binary messages of a WebSocket into the byte stream yamux runs on.
 type wsConn struct {
-	ws     *websocket.Conn
-	r      io.Reader
-	extend func()
-	wmu    sync.Mutex
+	ws       *websocket.Conn
+	r        io.Reader
+	extend   func()
+	wmu      sync.Mutex
+	timedOut atomic.Bool
+}
+
+func (c *wsConn) noteTimeout(err error) {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		c.timedOut.Store(true)
+	}
 }
 
 func (c *wsConn) Read(p []byte) (int, error) {
@@ -160,9 +176,17 @@ func (c *wsConn) Write(p []byte) (int, error) {
 	defer c.wmu.Unlock()
 	_ = c.ws.SetWriteDeadline(time.Now().Add(writeTimeout))
 	if err := c.ws.WriteMessage(websocket.BinaryMessage, p); err != nil {
+		c.noteTimeout(err)
 		return 0, err
 	}
 	return len(p), nil
 }
 
 func (c *wsConn) Close() error { return c.ws.Close() }
+
+// IsWriteTimeout reports whether err from a write on a tunnel's stream means the peer
+// took nothing for the write's deadline.
+func IsWriteTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, yamux.ErrConnectionWriteTimeout) || (errors.As(err, &ne) && ne.Timeout())
+}

@@ -55,7 +55,42 @@ type Config struct {
 		Namespace string `yaml:"namespace"`
 		Name      string `yaml:"name"`
 	} `yaml:"leaderElection"`
+	// Plans bound what the pull requests' plans may cost: anyone who can open a pull
+	// request makes the hub fetch, validate and render its head.
+	Plans struct {
+		// Timeout is one plan's deadline. Default 1m.
+		Timeout Duration `yaml:"timeout"`
+		// Workers is how many plans are computed at once over all sources. Default 2.
+		Workers int `yaml:"workers"`
+		// MaxRenderedClusters is how many clusters one plan renders in full; the rest
+		// are summarized. Default 200.
+		MaxRenderedClusters int `yaml:"maxRenderedClusters"`
+	} `yaml:"plans"`
+	// Heads bounds what the hub reads of any one head, of a branch or a pull request;
+	// a head over it fails as a whole, like a broken fleet.yaml. Zero keeps a default
+	// that admits a fleet of 10,000 clusters with room to spare.
+	Heads struct {
+		// MaxBytes of file content, every path counted (default 64 MiB).
+		MaxBytes int64 `yaml:"maxBytes"`
+		// MaxFiles is the most files and directories (default 100,000).
+		MaxFiles int `yaml:"maxFiles"`
+		// MaxDepth is the most elements of a path (default 16).
+		MaxDepth int `yaml:"maxDepth"`
+		// Fetch bounds what one fetch may bring into the hub's memory, before anything
+		// of it is read: the branch's head (default 256 MiB, 500,000 objects) and each
+		// pull request's head with its history (default 64 MiB, 100,000 objects).
+		Fetch struct {
+			Branch      FetchLimits `yaml:"branch"`
+			PullRequest FetchLimits `yaml:"pullRequest"`
+		} `yaml:"fetch"`
+	} `yaml:"heads"`
 	Sources []SourceConfig `yaml:"sources"`
+}
+
+// FetchLimits bound one fetch; zero keeps the default.
+type FetchLimits struct {
+	MaxBytes   int64 `yaml:"maxBytes"`
+	MaxObjects int   `yaml:"maxObjects"`
 }
 
 // SourceConfig is one fleet repository of one tenant.
@@ -152,6 +187,17 @@ func (c *Config) check() error {
 	}
 	if c.KubeAPI.Burst == 0 {
 		c.KubeAPI.Burst = max(200, int(2*c.KubeAPI.QPS))
+	}
+	if c.Plans.Timeout < 0 || c.Plans.Workers < 0 || c.Plans.MaxRenderedClusters < 0 {
+		return errors.New("plans: timeout, workers and maxRenderedClusters must not be negative")
+	}
+	if c.Heads.MaxBytes < 0 || c.Heads.MaxFiles < 0 || c.Heads.MaxDepth < 0 {
+		return errors.New("heads: maxBytes, maxFiles and maxDepth must not be negative")
+	}
+	for _, l := range []FetchLimits{c.Heads.Fetch.Branch, c.Heads.Fetch.PullRequest} {
+		if l.MaxBytes < 0 || l.MaxObjects < 0 {
+			return errors.New("heads.fetch: maxBytes and maxObjects must not be negative")
+		}
 	}
 	if len(c.Sources) == 0 {
 		return errors.New("sources: no fleet repository to follow")

@@ -82,6 +82,7 @@ func TestLoadConfigRefuses(t *testing.T) {
 		{"no age identity", func(s string) string { return strings.Replace(s, "  identityFiles: [/etc/flotilla/age.key]\n", "", 1) }, "age identity"},
 		{"a malformed duration", func(s string) string { return s + "heartbeat:\n  interval: often\n" }, "not a duration"},
 		{"a negative request rate", func(s string) string { return s + "kubeAPI:\n  qps: -1\n" }, "must not be negative"},
+		{"a negative plan deadline", func(s string) string { return s + "plans:\n  timeout: -1s\n" }, "plans: timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -34,6 +34,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource/status/gitlab"
 	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/hub"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
@@ -72,15 +73,22 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("the hub cluster: %w", err)
 	}
+	// The tunnel authenticates agents, and /metrics counts clusters, from this cache:
+	// neither a refused agent nor a scrape costs the hub cluster's API a request.
+	cached, err := startCache(ctx, rc, scheme)
+	if err != nil {
+		return fmt.Errorf("the hub cluster: %w", err)
+	}
 	ids, err := loadIdentities(cfg.Age.IdentityFiles)
 	if err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	m := newMetrics(reg, c)
+	m := newMetrics(reg, cached)
 	plans := plan.NewStore(0)
 	h, err := hub.New(hub.Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Log: log, OnSync: m.observeSync, OnFetch: m.observeFetch, OnReconcile: m.observeReconcile,
-		Plans: plans, PublicURL: cfg.PublicURL})
+		Plans: plans, PublicURL: cfg.PublicURL, PlanTimeout: time.Duration(cfg.Plans.Timeout), PlanWorkers: cfg.Plans.Workers, MaxPlannedClusters: cfg.Plans.MaxRenderedClusters,
+		Budget: fleet.Budget{MaxBytes: cfg.Heads.MaxBytes, MaxFiles: cfg.Heads.MaxFiles, MaxDepth: cfg.Heads.MaxDepth}})
 	if err != nil {
 		return err
 	}
@@ -91,7 +99,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if cfg.Heartbeat.Timeout > 0 {
 		live.Timeout = time.Duration(cfg.Heartbeat.Timeout)
 	}
-	tun, err := tunnel.New(tunnel.Options{Client: c, Desired: h, OnStatus: h.OnStatus, Resolve: h.Resolve, Liveness: live, AllowInsecureLoopback: cfg.AllowInsecureLoopback, Log: log})
+	tun, err := tunnel.New(tunnel.Options{Client: c, Reader: cached, IdentityIndexed: true, Desired: h, OnStatus: h.OnStatus, Resolve: h.Resolve, Liveness: live, AllowInsecureLoopback: cfg.AllowInsecureLoopback, Log: log})
 	if err != nil {
 		return err
 	}
@@ -101,7 +109,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	var sources []*hub.Source
 	for _, sc := range cfg.Sources {
-		src, err := addSource(ctx, h, sc, m)
+		src, err := addSource(ctx, h, sc, cfg, m)
 		if err != nil {
 			return fmt.Errorf("source %s: %w", sc.Name, err)
 		}
@@ -126,7 +134,11 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle(plan.PathPrefix, plans)
-	httpSrv := &http.Server{Addr: cfg.Listen.HTTP, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// Requests here are small and answered at once: a client that trickles its request
+	// in, or holds an idle connection, is cut off. Webhook bodies are read whole before
+	// their signature can be checked, so reading them is bounded in time too.
+	httpSrv := &http.Server{Addr: cfg.Listen.HTTP, Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout: 30 * time.Second, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- httpSrv.ListenAndServe() }()
 	defer httpSrv.Close()
@@ -136,7 +148,11 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		defer leading.Store(false)
 		tmux := http.NewServeMux()
 		tmux.Handle(protocol.Path, tun)
-		ts := &http.Server{Addr: cfg.Listen.Tunnel, Handler: tmux, ReadHeaderTimeout: 10 * time.Second}
+		// The upgrade request is bounded like any other; the tunnel it becomes must stay
+		// open, so the upgrade clears these deadlines and no write timeout is set: the
+		// tunnel's heartbeats and send deadlines judge it from then on.
+		ts := &http.Server{Addr: cfg.Listen.Tunnel, Handler: tmux, ReadHeaderTimeout: 10 * time.Second,
+			ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 		l, err := net.Listen("tcp", cfg.Listen.Tunnel)
 		if err != nil {
 			return fmt.Errorf("the tunnel listener: %w", err)
@@ -225,8 +241,11 @@ func loadIdentities(files []string) (*secrets.Identities, error) {
 	return secrets.ParseIdentities(strings.Join(files, ", "), io.MultiReader(readers...))
 }
 
-func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, m *metrics) (*hub.Source, error) {
-	opts := gitsource.Options{URL: sc.URL, Branch: sc.Branch}
+func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m *metrics) (*hub.Source, error) {
+	fetch := cfg.Heads.Fetch
+	opts := gitsource.Options{URL: sc.URL, Branch: sc.Branch,
+		BranchLimits:      gitsource.Limits{Bytes: fetch.Branch.MaxBytes, Objects: fetch.Branch.MaxObjects},
+		PullRequestLimits: gitsource.Limits{Bytes: fetch.PullRequest.MaxBytes, Objects: fetch.PullRequest.MaxObjects}}
 	switch {
 	case sc.Git.PasswordFile != "":
 		pw, err := readSecret(sc.Git.PasswordFile)

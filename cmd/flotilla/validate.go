@@ -3,19 +3,24 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
 
+	git "github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/spf13/cobra"
 
+	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/render"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
 func newValidateCommand() *cobra.Command {
-	var ageKey string
+	var ageKey, ref string
 	cmd := &cobra.Command{
 		Use:   "validate [DIR]",
 		Short: "Check a fleet repository the way the hub will",
@@ -23,6 +28,10 @@ func newValidateCommand() *cobra.Command {
 			"checks every file, renders every cluster and scans every file that git would\n" +
 			"track for plaintext enrollment tokens. With --age-key it also decrypts every\n" +
 			"enrollment file with the hub's age identities and checks its MAC and token.\n" +
+			"With --ref it checks a commit of the git repository DIR is in, read from git's\n" +
+			"objects exactly as the hub reads a branch or pull request head (symbolic links,\n" +
+			"the hub's budget of bytes, files and depth), instead of the files in DIR: in CI,\n" +
+			"--ref HEAD checks what was committed, not what the checkout made of it.\n" +
 			"Each problem is printed as file:line:column: message; the exit status is 1 when\n" +
 			"there is any.",
 		Args: cobra.MaximumNArgs(1),
@@ -36,10 +45,19 @@ func newValidateCommand() *cobra.Command {
 				}
 				dec = secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids})
 			}
-			f, err := loadDir(dir)
-			if err != nil {
+			var fsys fs.FS
+			var err error
+			label := dir
+			if ref != "" {
+				var commit string
+				if fsys, commit, err = openRef(dir, ref); err != nil {
+					return err
+				}
+				label = fmt.Sprintf("%s at %s (%s)", dir, ref, commit[:12])
+			} else if fsys, err = openDir(dir); err != nil {
 				return err
 			}
+			f := fleet.Load(fsys)
 			errs := f.AllErrors()
 			r := render.New()
 			valid := 0
@@ -57,29 +75,39 @@ func newValidateCommand() *cobra.Command {
 				}
 				valid++
 			}
-			leaks, err := scanForTokens(dir)
-			if err != nil {
-				return err
+			// A head over its budget is refused whole; reading all of it for tokens
+			// would cost what the budget is there to refuse.
+			if !f.OverBudget() {
+				var leaks fleet.ErrorList
+				if ref != "" {
+					leaks, err = scanTree(fsys)
+				} else {
+					leaks, err = scanForTokens(dir)
+				}
+				if err != nil {
+					return err
+				}
+				errs = append(errs, leaks...)
 			}
-			errs = append(errs, leaks...)
 			if len(errs) > 0 {
 				errs.Sort()
 				for _, e := range errs {
 					fmt.Fprintln(cmd.ErrOrStderr(), e.Error())
 				}
-				fmt.Fprintf(cmd.ErrOrStderr(), "%s: %d %s\n", dir, len(errs), plural(len(errs), "error", "errors"))
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s: %d %s\n", label, len(errs), plural(len(errs), "error", "errors"))
 				return errReported
 			}
 			decrypted := ""
 			if dec != nil {
 				decrypted = ", every enrollment file decrypted"
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: fleet %q is valid: %d %s, %d %s%s\n", dir, f.Spec.Spec.Tenant,
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: fleet %q is valid: %d %s, %d %s%s\n", label, f.Spec.Spec.Tenant,
 				valid, plural(valid, "cluster", "clusters"), len(f.Presets), plural(len(f.Presets), "preset", "presets"), decrypted)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&ageKey, "age-key", "", "age key file of the hub: decrypt and check every enrollment file")
+	cmd.Flags().StringVar(&ref, "ref", "", "check this commit (branch, tag, hash, HEAD~1, ...) of the repository DIR is in, as the hub reads it, instead of DIR's files")
 	return cmd
 }
 
@@ -134,11 +162,40 @@ func scanForTokens(dir string) (fleet.ErrorList, error) {
 	if err != nil {
 		return nil, err
 	}
+	return leakErrors(leaks), nil
+}
+
+// scanTree reports plaintext tokens in every file of a commit: all of them are tracked.
+// A directory that cannot be read, as one holding an entry named "..", is an error of
+// its own, and the scan goes on with the rest.
+func scanTree(fsys fs.FS) (fleet.ErrorList, error) {
+	var unreadable fleet.ErrorList
+	leaks, err := secrets.ScanFS(fsys, func(p string, isDir bool) bool {
+		if !isDir {
+			return false
+		}
+		if _, err := fs.ReadDir(fsys, p); err != nil {
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			unreadable = append(unreadable, fleet.Error{File: p, Message: fmt.Sprintf("cannot scan for plaintext tokens: %v", err)})
+			return true
+		}
+		return false
+	})
+	if err != nil {
+		return nil, err
+	}
+	return append(unreadable, leakErrors(leaks)...), nil
+}
+
+func leakErrors(leaks []secrets.Leak) fleet.ErrorList {
 	var list fleet.ErrorList
 	for _, l := range leaks {
 		list = append(list, fleet.Error{File: l.File, Line: l.Line, Column: l.Column, Message: l.Message()})
 	}
-	return list, nil
+	return list
 }
 
 func dirArg(args []string) string {
@@ -151,6 +208,14 @@ func dirArg(args []string) string {
 // loadDir loads a fleet repository from disk. Only a missing directory is an error
 // here; everything wrong inside it is in the fleet's error list.
 func loadDir(dir string) (*fleet.Fleet, error) {
+	fsys, err := openDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	return fleet.Load(fsys), nil
+}
+
+func openDir(dir string) (fs.FS, error) {
 	info, err := os.Stat(dir)
 	if err != nil {
 		return nil, err
@@ -158,7 +223,67 @@ func loadDir(dir string) (*fleet.Fleet, error) {
 	if !info.IsDir() {
 		return nil, fmt.Errorf("%s is not a directory", dir)
 	}
-	return fleet.Load(os.DirFS(dir)), nil
+	return os.DirFS(dir), nil
+}
+
+// openRef reads the commit rev of the git repository that dir is in, through the same
+// TreeFS the hub reads heads with, and returns it with the commit's hash. When dir is a
+// directory below the repository's root, the commit's directory of that path is read.
+func openRef(dir, rev string) (fs.FS, string, error) {
+	repo, err := git.PlainOpenWithOptions(dir, &git.PlainOpenOptions{DetectDotGit: true, EnableDotGitCommonDir: true})
+	if err != nil {
+		return nil, "", fmt.Errorf("--ref: opening the git repository of %s: %w", dir, err)
+	}
+	h, err := repo.ResolveRevision(plumbing.Revision(rev))
+	if err != nil {
+		return nil, "", fmt.Errorf("--ref: %s: %w", rev, err)
+	}
+	c, err := repo.CommitObject(*h)
+	if err != nil {
+		return nil, "", fmt.Errorf("--ref: %s is not a commit: %w", rev, err)
+	}
+	tree, err := c.Tree()
+	if err != nil {
+		return nil, "", fmt.Errorf("--ref: reading the tree of %s: %w", h, err)
+	}
+	sub, err := subdirOfWorktree(repo, dir)
+	if err != nil {
+		return nil, "", err
+	}
+	if sub != "." {
+		if tree, err = tree.Tree(sub); err != nil {
+			return nil, "", fmt.Errorf("--ref: %s has no directory %s: %w", rev, sub, err)
+		}
+	}
+	return gitsource.NewTreeFS(tree), h.String(), nil
+}
+
+// subdirOfWorktree is dir's slash-separated path from the root of repo's worktree; "."
+// for the root itself and for a repository without a worktree.
+func subdirOfWorktree(repo *git.Repository, dir string) (string, error) {
+	wt, err := repo.Worktree()
+	if errors.Is(err, git.ErrIsBareRepository) {
+		return ".", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("--ref: %w", err)
+	}
+	root, err := filepath.EvalSymlinks(wt.Filesystem.Root())
+	if err != nil {
+		return "", fmt.Errorf("--ref: %w", err)
+	}
+	abs, err := filepath.Abs(dir)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs)
+	}
+	if err != nil {
+		return "", fmt.Errorf("--ref: %w", err)
+	}
+	rel, err := filepath.Rel(root, abs)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return "", fmt.Errorf("--ref: %s is outside the repository's worktree %s", dir, root)
+	}
+	return filepath.ToSlash(rel), nil
 }
 
 func asErrorList(err error, cluster string) fleet.ErrorList {

@@ -112,8 +112,10 @@ func Truncate(s string, limit int) string {
 }
 
 // PullRequestLister is implemented by backends whose forge knows which pull requests
-// are open. Forges keep the head refs of closed pull requests forever, so a hub plans
-// only the pull requests this says are open.
+// are open. Forges keep the head refs of closed pull requests forever, and a pull
+// request into another branch would never merge into the one the hub follows, so a hub
+// plans only the pull requests this says are open into its branch.
 type PullRequestLister interface {
-	OpenPullRequests(ctx context.Context) (map[int]bool, error)
+	// OpenPullRequests returns the numbers of the open pull requests into branch base.
+	OpenPullRequests(ctx context.Context, base string) (map[int]bool, error)
 }

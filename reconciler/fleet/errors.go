@@ -10,7 +10,8 @@ import (
 // Error is one problem in a fleet repository, placed where a fleet owner has to change
 // something.
 type Error struct {
-	// File is the slash-separated path of the file from the repository's root.
+	// File is the slash-separated path of the file from the repository's root; empty
+	// for a problem of the whole head, such as a budget it exceeds.
 	File string
 	// Line and Column are 1-based; zero when the problem concerns the file as a whole.
 	Line, Column int
@@ -22,6 +23,8 @@ type Error struct {
 
 func (e Error) Error() string {
 	switch {
+	case e.File == "":
+		return e.Message
 	case e.Line > 0 && e.Column > 0:
 		return fmt.Sprintf("%s:%d:%d: %s", e.File, e.Line, e.Column, e.Message)
 	case e.Line > 0:

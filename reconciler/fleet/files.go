@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"path"
@@ -12,12 +13,168 @@ import (
 // declarations; anything bigger is a mistake or an attack on the hub's memory.
 const MaxFileSize = 1 << 20
 
-// maxLinkHops bounds how many symbolic links are followed for one file.
+// maxLinkHops bounds how many symbolic links are followed for one file; gitsource's
+// TreeFS follows as many (gitsource.MaxLinkHops), so that a link reads the same from a
+// checkout and from a commit.
 const maxLinkHops = 8
 
-// resolve follows the symbolic links at p, refusing any that would leave the repository.
-// It returns the path of the regular file or directory p stands for.
-func resolve(fsys fs.FS, p string, e errs) (string, fs.FileInfo, bool) {
+// Budget bounds what the loader reads of one head, whatever the head holds. A pull
+// request is untrusted input that the hub loads before anyone looked at it: one 1 MiB
+// blob named from 20,000 paths is a pull request of under 1 MB that would otherwise cost
+// 20 GB to load. A head that breaks its budget is a broken fleet (see Fleet.OverBudget).
+//
+// A field left zero takes its default.
+type Budget struct {
+	// MaxBytes is the most bytes of file content read. Every path counts, including
+	// paths to content already read, and a file's size counts before it is read.
+	MaxBytes int64
+	// MaxFiles is the most directory entries listed (files, symbolic links and
+	// directories) and symbolic links followed: a link followed costs what reading one
+	// more entry does, and a loop of them would otherwise cost the hub time for free.
+	MaxFiles int
+	// MaxDepth is the most elements a path may have; clusters/NAME/cluster.yaml has 3.
+	MaxDepth int
+}
+
+// The defaults admit a fleet of 10,000 clusters with room to spare and keep what a
+// hostile head costs the hub well under 256 MiB. A cluster is a directory with
+// cluster.yaml (about 0.5 KiB), a SOPS enrollment file (1-2 KiB, more with many
+// recipients) and at most a few small overlay files: 4 or 5 entries and up to 3 KiB, so
+// 10,000 clusters are 40,000-50,000 entries and under 30 MiB, about half of each budget.
+// A head cannot make the loader hold more than DefaultMaxBytes of content and the
+// bookkeeping of DefaultMaxFiles entries, a few hundred bytes each: in
+// BenchmarkLoadHostileHead, 95,000 tiny files that all load peak under 100 MiB of heap,
+// and 20,000 paths to one 1 MiB blob are refused at 10 MiB. DefaultMaxDepth leaves
+// presets room for kustomize components nested a dozen deep; the layout needs 3.
+const (
+	DefaultMaxBytes = 64 << 20
+	DefaultMaxFiles = 100_000
+	DefaultMaxDepth = 16
+)
+
+// DefaultBudget is the budget Load applies.
+func DefaultBudget() Budget {
+	return Budget{MaxBytes: DefaultMaxBytes, MaxFiles: DefaultMaxFiles, MaxDepth: DefaultMaxDepth}
+}
+
+// withDefaults fills the fields left zero or negative.
+func (b Budget) withDefaults() Budget {
+	d := DefaultBudget()
+	if b.MaxBytes <= 0 {
+		b.MaxBytes = d.MaxBytes
+	}
+	if b.MaxFiles <= 0 {
+		b.MaxFiles = d.MaxFiles
+	}
+	if b.MaxDepth <= 0 {
+		b.MaxDepth = d.MaxDepth
+	}
+	return b
+}
+
+// SharedFS is a file system whose files never change once listed, such as a commit's
+// tree (gitsource.TreeFS), and which can hand out a file's content without copying it.
+// The loader reads through ReadShared when the file system has it, so that content named
+// from many paths is held in memory once.
+type SharedFS interface {
+	fs.FS
+	// ReadShared returns the content of the regular file name. Every path to the same
+	// content may get the same slice: nobody may modify it.
+	ReadShared(name string) ([]byte, error)
+}
+
+// usage is what part of a head cost its budget.
+type usage struct {
+	files int
+	bytes int64
+}
+
+// meter charges what the loader reads to a budget and remembers the first place the
+// budget broke; after that, nothing more is read.
+type meter struct {
+	budget Budget
+	used   usage
+	broken *Error
+}
+
+// list charges the n entries listed in dir, before any of them is looked at.
+func (m *meter) list(dir string, n int) bool {
+	if m.broken != nil {
+		return false
+	}
+	if m.used.files+n > m.budget.MaxFiles {
+		m.broken = &Error{File: dir, Message: fmt.Sprintf(
+			"the head holds more than %d files, directories and symbolic links followed, the most the hub reads of one head (budget files)", m.budget.MaxFiles)}
+		return false
+	}
+	m.used.files += n
+	return true
+}
+
+// depth checks that p is not nested too deep to read.
+func (m *meter) depth(p string) bool {
+	if m.broken != nil {
+		return false
+	}
+	if strings.Count(p, "/")+1 > m.budget.MaxDepth {
+		m.broken = &Error{File: p, Message: fmt.Sprintf(
+			"the head nests paths more than %d deep, the most the hub reads (budget depth)", m.budget.MaxDepth)}
+		return false
+	}
+	return true
+}
+
+// read charges size bytes of the file p, before they are read.
+func (m *meter) read(p string, size int64) bool {
+	if m.broken != nil {
+		return false
+	}
+	if m.used.bytes+size > m.budget.MaxBytes {
+		m.broken = &Error{File: p, Message: fmt.Sprintf(
+			"the head's files add up to more than %d bytes (%s), the most the hub reads of one head (budget bytes); every path counts, also paths to content already read",
+			m.budget.MaxBytes, mebibytes(m.budget.MaxBytes))}
+		return false
+	}
+	m.used.bytes += size
+	return true
+}
+
+func mebibytes(n int64) string {
+	if n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+// admit charges the file p at the root, reached through its links, the way reading it
+// would, and reports whether it fits in the budget. When p is a symbolic link that leads
+// nowhere it returns why; whatever else is wrong with p, the reader that follows
+// reports.
+func admit(fsys fs.FS, p string, m *meter) (ErrorList, bool) {
+	if !m.list(".", 1) {
+		return nil, false
+	}
+	var problems ErrorList
+	_, info, ok := resolve(fsys, p, errs{file: p, list: &problems}, m)
+	if m.broken != nil {
+		return nil, false
+	}
+	if !ok {
+		if info, err := lstat(fsys, p); err == nil && info.Mode()&fs.ModeSymlink != 0 {
+			return problems, true
+		}
+		return nil, true
+	}
+	if info.IsDir() || info.Size() > MaxFileSize {
+		return nil, true
+	}
+	return nil, m.read(p, info.Size())
+}
+
+// resolve follows the symbolic links at p, refusing any that would leave the repository,
+// and charges m, when not nil, for every link it follows. It returns the path of the
+// regular file or directory p stands for.
+func resolve(fsys fs.FS, p string, e errs, m *meter) (string, fs.FileInfo, bool) {
 	rl, canReadLinks := fsys.(fs.ReadLinkFS)
 	cur := p
 	for hop := 0; ; hop++ {
@@ -41,6 +198,9 @@ func resolve(fsys fs.FS, p string, e errs) (string, fs.FileInfo, bool) {
 		}
 		if hop >= maxLinkHops {
 			e.whole("too many levels of symbolic links")
+			return "", nil, false
+		}
+		if m != nil && !m.list(cur, 1) {
 			return "", nil, false
 		}
 		target, err := rl.ReadLink(cur)
@@ -71,11 +231,20 @@ func resolve(fsys fs.FS, p string, e errs) (string, fs.FileInfo, bool) {
 }
 
 // readFile reads one file of at most MaxFileSize bytes.
-func readFile(fsys fs.FS, p string, e errs) ([]byte, bool) {
-	real, info, ok := resolve(fsys, p, e)
+func readFile(fsys fs.FS, p string, e errs) ([]byte, bool) { return readMetered(fsys, p, e, nil) }
+
+// readMetered reads one file of at most MaxFileSize bytes, charged to m before it is
+// read when m is not nil.
+func readMetered(fsys fs.FS, p string, e errs, m *meter) ([]byte, bool) {
+	real, info, ok := resolve(fsys, p, e, m)
 	if !ok {
 		return nil, false
 	}
+	return readResolved(fsys, p, real, info, e, m)
+}
+
+// readResolved reads the file p stands for, real, which resolve found.
+func readResolved(fsys fs.FS, p, real string, info fs.FileInfo, e errs, m *meter) ([]byte, bool) {
 	if info.IsDir() {
 		e.whole("expected a file, found a directory")
 		return nil, false
@@ -84,13 +253,16 @@ func readFile(fsys fs.FS, p string, e errs) ([]byte, bool) {
 		e.whole("file is %d bytes; files in a fleet repository may be at most %d bytes (1 MiB)", info.Size(), MaxFileSize)
 		return nil, false
 	}
-	f, err := fsys.Open(real)
-	if err != nil {
-		e.whole("cannot read: %v", unwrapPathError(err))
+	if m != nil && !m.read(p, info.Size()) {
 		return nil, false
 	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	var data []byte
+	var err error
+	if sfs, ok := fsys.(SharedFS); ok {
+		data, err = sfs.ReadShared(real)
+	} else {
+		data, err = readLimited(fsys, real)
+	}
 	if err != nil {
 		e.whole("cannot read: %v", unwrapPathError(err))
 		return nil, false
@@ -99,15 +271,35 @@ func readFile(fsys fs.FS, p string, e errs) ([]byte, bool) {
 		e.whole("file is larger than %d bytes (1 MiB), the most a fleet file may be", MaxFileSize)
 		return nil, false
 	}
+	// A file on disk can grow between its stat and its read; what was read counts.
+	if grown := int64(len(data)) - info.Size(); m != nil && grown > 0 && !m.read(p, grown) {
+		return nil, false
+	}
 	return data, true
 }
 
-// readTree reads every file below dir, keyed by its path from the repository's root.
-// Problems are reported against the file they concern; the rest is still read.
-func readTree(fsys fs.FS, dir string, e errs, files map[string][]byte) bool {
+func readLimited(fsys fs.FS, p string) ([]byte, error) {
+	f, err := fsys.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+}
+
+// readTree reads every file below dir, keyed by its path from the repository's root,
+// charging m for every entry and byte. Problems are reported against the file they
+// concern; the rest is still read, unless the budget broke.
+func readTree(fsys fs.FS, dir string, e errs, files map[string][]byte, m *meter) bool {
+	if !m.depth(dir) {
+		return false
+	}
 	entries, err := fs.ReadDir(fsys, dir)
 	if err != nil {
 		errs{file: dir, cluster: e.cluster, list: e.list}.whole("cannot read directory: %v", unwrapPathError(err))
+		return false
+	}
+	if !m.list(dir, len(entries)) {
 		return false
 	}
 	ok := true
@@ -115,26 +307,38 @@ func readTree(fsys fs.FS, dir string, e errs, files map[string][]byte) bool {
 		p := path.Join(dir, ent.Name())
 		fe := errs{file: p, cluster: e.cluster, list: e.list}
 		if ent.IsDir() {
-			ok = readTree(fsys, p, e, files) && ok
+			ok = readTree(fsys, p, e, files, m) && ok
+			if m.broken != nil {
+				return false
+			}
 			continue
 		}
-		if ent.Type()&fs.ModeSymlink != 0 {
-			_, info, good := resolve(fsys, p, fe)
-			if !good {
-				ok = false
-				continue
-			}
-			if info.IsDir() {
-				fe.whole("symbolic links to directories are not supported")
-				ok = false
-				continue
-			}
-		} else if !ent.Type().IsRegular() {
+		if !m.depth(p) {
+			return false
+		}
+		link := ent.Type()&fs.ModeSymlink != 0
+		if !link && !ent.Type().IsRegular() {
 			fe.whole("not a regular file")
 			ok = false
 			continue
 		}
-		data, good := readFile(fsys, p, fe)
+		// A listed file is resolved too: on disk, it may have become a link since.
+		real, info, good := resolve(fsys, p, fe, m)
+		if good && link && info.IsDir() {
+			fe.whole("symbolic links to directories are not supported")
+			good = false
+		}
+		if m.broken != nil {
+			return false
+		}
+		if !good {
+			ok = false
+			continue
+		}
+		data, good := readResolved(fsys, p, real, info, fe, m)
+		if m.broken != nil {
+			return false
+		}
 		if !good {
 			ok = false
 			continue

@@ -4,12 +4,18 @@
 // so that one bad directory never takes the rest of the fleet down with it.
 //
 // The loader reads through io/fs, so a checkout on disk and a tree inside a Git commit
-// are the same to it.
+// are the same to it. It reads at most a Budget of every head (bytes, entries and depth,
+// each charged before it is read) and validates nothing until the whole head is read. A
+// head over budget is a broken fleet as a whole, like a broken fleet.yaml: Errors says
+// which budget it broke and where, nothing of it but fleet.yaml is validated or kept,
+// and nothing of it may be rendered or taken as removed.
 package fleet
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"io/fs"
 	"maps"
 	"path"
@@ -37,8 +43,23 @@ type Fleet struct {
 	Presets map[string]*Preset
 	// Clusters by directory name, valid or not.
 	Clusters map[string]*Cluster
-	// Errors are the problems of fleet.yaml and of the presets.
+	// Errors are the problems of fleet.yaml and of the presets, and the budget the
+	// head broke.
 	Errors ErrorList
+
+	// budget is what Load and LoadCluster may read of this head.
+	budget Budget
+	// used is what the head cost: fleet.yaml, presets/, the listing of clusters/ and
+	// every cluster's own cost.
+	used usage
+	// truncated is the budget Load found broken: then no cluster was read.
+	truncated *Error
+	// overBudget are the clusters LoadCluster could not read within the budget.
+	overBudget map[string]*Error
+	// exceeded is the budget error in Errors, so that LoadCluster can replace it.
+	exceeded *Error
+	// incomplete is set when clusters/ is there but could not be listed whole.
+	incomplete bool
 }
 
 // Preset is a kustomize base under presets/<name>.
@@ -68,6 +89,8 @@ type Cluster struct {
 
 	// nameLine and nameColumn place metadata.name in cluster.yaml.
 	nameLine, nameColumn int
+	// used is what reading the directory cost the head's budget.
+	used usage
 }
 
 // Valid reports whether the cluster can be rendered and enrolled.
@@ -79,8 +102,20 @@ func (c *Cluster) Enrollment() []byte { return c.Files[path.Join(c.Dir, Enrollme
 // Overlay is the cluster's kustomization.yaml, or nil when it has none.
 func (c *Cluster) Overlay() []byte { return c.Files[path.Join(c.Dir, KustomizationFile)] }
 
-// Valid reports whether fleet.yaml and every preset loaded without error.
+// Valid reports whether fleet.yaml and every preset loaded without error, within the
+// head's budget.
 func (f *Fleet) Valid() bool { return f.Spec != nil && len(f.Errors) == 0 }
+
+// OverBudget reports whether the head broke its Budget; Errors then says which. Such a
+// head is broken as a whole: each cluster directory that was not read has only an error
+// saying so (see Incomplete for when even the directories are unknown).
+func (f *Fleet) OverBudget() bool { return f.exceeded != nil }
+
+// Incomplete reports whether clusters/ may hold directories that Clusters lacks: its
+// listing alone broke the head's budget, or clusters/ is there but could not be listed
+// (a symbolic link, a loop). Errors says why. A cluster missing from an incomplete fleet
+// must not be taken as removed.
+func (f *Fleet) Incomplete() bool { return f.incomplete }
 
 // StatusContextPrefix is the commit-status context prefix, defaulted.
 func (f *Fleet) StatusContextPrefix() string {
@@ -115,16 +150,90 @@ func (f *Fleet) PresetNames() []string { return slices.Sorted(maps.Keys(f.Preset
 // ClusterNames returns the names of all clusters, sorted.
 func (f *Fleet) ClusterNames() []string { return slices.Sorted(maps.Keys(f.Clusters)) }
 
-// Load reads and validates the fleet repository at the root of fsys.
-func Load(fsys fs.FS) *Fleet {
-	f := &Fleet{Presets: map[string]*Preset{}, Clusters: map[string]*Cluster{}}
-	f.Spec = loadFleetFile(fsys, &f.Errors)
-	f.loadPresets(fsys)
-	for _, name := range listDirs(fsys, ClustersDir, &f.Errors) {
-		f.loadCluster(fsys, name)
+// LoadOptions change how Load reads a head.
+type LoadOptions struct {
+	// Budget bounds what is read of the head; fields left zero take DefaultBudget's.
+	Budget Budget
+}
+
+// Load reads and validates the fleet repository at the root of fsys within
+// DefaultBudget.
+func Load(fsys fs.FS) *Fleet { return LoadWith(fsys, LoadOptions{}) }
+
+// LoadWith reads and validates the fleet repository at the root of fsys with opts.
+// LoadCluster keeps to the same budget.
+func LoadWith(fsys fs.FS, opts LoadOptions) *Fleet {
+	f := &Fleet{Presets: map[string]*Preset{}, Clusters: map[string]*Cluster{}, budget: opts.Budget.withDefaults()}
+	m := &meter{budget: f.budget}
+	// fleet.yaml is read even past a broken budget, as long as it fits in it: the
+	// tenant and the status context prefix say where to report the head as broken.
+	if problems, ok := admit(fsys, FleetFile, m); ok && problems != nil {
+		f.Errors = append(f.Errors, problems...)
+	} else if ok {
+		f.Spec = loadFleetFile(fsys, &f.Errors)
+	}
+	fleetFileErrors := len(f.Errors)
+	// The whole head is read before any of it is validated, so that a head over its
+	// budget costs no more than reading the budget's worth: clusters/ is listed first,
+	// so that each of its directories is there, read or not.
+	var listing ErrorList
+	names, listed := listDirs(fsys, ClustersDir, &listing, m)
+	f.incomplete = !listed
+	f.readPresets(fsys, m)
+	for _, name := range names {
+		if m.broken != nil {
+			break
+		}
+		f.readCluster(fsys, name, m)
+	}
+	f.used = m.used
+	if m.broken != nil {
+		f.truncated = m.broken
+		f.Errors = f.Errors[:fleetFileErrors]
+		f.Presets = map[string]*Preset{}
+		f.Clusters = make(map[string]*Cluster, len(names))
+		for _, name := range names {
+			f.Clusters[name] = notRead(name, m.broken)
+		}
+		f.setExceeded()
+		return f
+	}
+	f.validatePresets()
+	f.Errors = append(f.Errors, listing...)
+	for _, name := range names {
+		f.checkCluster(f.Clusters[name])
 	}
 	f.checkUniqueNames()
 	return f
+}
+
+// notRead stands for a cluster directory that exists but was not read because the head
+// broke its budget.
+func notRead(name string, broken *Error) *Cluster {
+	dir := path.Join(ClustersDir, name)
+	return &Cluster{Name: name, Dir: dir, Files: map[string][]byte{}, Digest: digest(nil), Errors: ErrorList{{
+		File: dir, Cluster: name, Message: fmt.Sprintf("not read: the head broke the hub's budget at %s", broken.File),
+	}}}
+}
+
+// setExceeded puts the budget error the head breaks now at the head of Errors, in place
+// of the one there before.
+func (f *Fleet) setExceeded() {
+	if f.exceeded != nil {
+		f.Errors = slices.DeleteFunc(f.Errors, func(e Error) bool { return e == *f.exceeded })
+	}
+	f.exceeded = f.truncated
+	if f.exceeded == nil && len(f.overBudget) > 0 {
+		first := slices.Min(slices.Collect(maps.Keys(f.overBudget)))
+		f.exceeded = f.overBudget[first]
+	}
+	if f.exceeded != nil {
+		// First, as a head over budget is broken first of all for that.
+		f.Errors = append(ErrorList{*f.exceeded}, f.Errors...)
+	}
+	if len(f.Errors) == 0 {
+		f.Errors = nil
+	}
 }
 
 // LoadCluster re-reads one cluster directory against the fleet.yaml and presets already
@@ -137,56 +246,133 @@ func (f *Fleet) LoadCluster(fsys fs.FS, name string) *Cluster {
 	if old := f.Clusters[name]; old != nil && old.Object != nil {
 		claimed = append(claimed, old.Object.Name)
 	}
+	var old usage
+	if c := f.Clusters[name]; c != nil {
+		old = c.used
+	}
 	delete(f.Clusters, name)
+	delete(f.overBudget, name)
+	f.used = usage{files: f.used.files - old.files, bytes: f.used.bytes - old.bytes}
 	dir := path.Join(ClustersDir, name)
 	var c *Cluster
-	if info, err := fs.Stat(fsys, dir); err == nil && info.IsDir() {
-		c = f.loadCluster(fsys, name)
+	switch {
+	case !isDir(fsys, dir):
+	case f.truncated != nil:
+		// The head was not read past its budget: whether this directory would fit in
+		// it is unknown until the head is loaded again.
+		c = notRead(name, f.truncated)
+		f.Clusters[name] = c
+	default:
+		// The rest of the head keeps what it used; this directory gets what is left.
+		m := &meter{budget: f.budget, used: f.used}
+		c = f.readCluster(fsys, name, m)
+		f.used = m.used
+		if m.broken == nil {
+			f.checkCluster(c)
+		} else {
+			used := c.used
+			c = notRead(name, m.broken)
+			c.used = used
+			f.Clusters[name] = c
+			if f.overBudget == nil {
+				f.overBudget = map[string]*Error{}
+			}
+			f.overBudget[name] = m.broken
+		}
 		if c.Object != nil {
 			claimed = append(claimed, c.Object.Name)
 		}
 	}
+	f.setExceeded()
 	if len(claimed) > 0 {
 		f.checkUniqueNames(claimed...)
 	}
 	return c
 }
 
-func (f *Fleet) loadCluster(fsys fs.FS, name string) *Cluster {
+// isDir reports whether p is a directory and not a symbolic link to one, which Load
+// does not read as a cluster either.
+func isDir(fsys fs.FS, p string) bool {
+	info, err := lstat(fsys, p)
+	return err == nil && info.IsDir()
+}
+
+// readCluster reads one cluster directory, charged to m, into Clusters. When the budget
+// breaks, it is left half read, for the caller to replace.
+func (f *Fleet) readCluster(fsys fs.FS, name string, m *meter) *Cluster {
 	c := &Cluster{Name: name, Dir: path.Join(ClustersDir, name), Files: map[string][]byte{}}
 	f.Clusters[name] = c
 	e := errs{file: c.Dir, cluster: name, list: &c.Errors}
-	readTree(fsys, c.Dir, e, c.Files)
-	c.Digest = digest(c.Files)
-	validateCluster(f, c)
+	before := m.used
+	readTree(fsys, c.Dir, e, c.Files, m)
+	c.used = usage{files: m.used.files - before.files, bytes: m.used.bytes - before.bytes}
 	return c
 }
 
-func (f *Fleet) loadPresets(fsys fs.FS) {
-	for _, name := range listDirs(fsys, PresetsDir, &f.Errors) {
+// checkCluster validates a cluster read whole.
+func (f *Fleet) checkCluster(c *Cluster) {
+	c.Digest = digest(c.Files)
+	validateCluster(f, c)
+}
+
+// readPresets reads every preset directory, charged to m, into Presets.
+func (f *Fleet) readPresets(fsys fs.FS, m *meter) {
+	names, _ := listDirs(fsys, PresetsDir, &f.Errors, m)
+	for _, name := range names {
 		p := &Preset{Name: name, Files: map[string][]byte{}}
 		dir := path.Join(PresetsDir, name)
 		e := errs{file: dir, list: &p.Errors}
-		readTree(fsys, dir, e, p.Files)
+		readTree(fsys, dir, e, p.Files, m)
+		if m.broken != nil {
+			return
+		}
 		p.Digest = digest(p.Files)
 		f.Presets[name] = p
 	}
+}
+
+func (f *Fleet) validatePresets() {
 	for _, name := range slices.Sorted(maps.Keys(f.Presets)) {
 		validatePreset(f, f.Presets[name])
 		f.Errors = append(f.Errors, f.Presets[name].Errors...)
 	}
 }
 
-// listDirs lists the directories directly below dir. A missing dir is an empty list: a
-// fleet without clusters is a valid fleet.
-func listDirs(fsys fs.FS, dir string, list *ErrorList) []string {
+// listDirs lists the directories directly below dir, charging m for the listing, and
+// reports whether dir was listed whole. A missing dir is an empty list: a fleet without
+// clusters is a valid fleet. A dir that is there but cannot be listed, a symbolic link
+// among them, is an error: taken for a missing one, it would make every cluster look
+// removed.
+func listDirs(fsys fs.FS, dir string, list *ErrorList, m *meter) ([]string, bool) {
+	if m.broken != nil {
+		return nil, false
+	}
+	e := errs{file: dir, list: list}
+	info, err := lstat(fsys, dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, true
+	case err != nil:
+		e.whole("cannot read directory: %v", unwrapPathError(err))
+		return nil, false
+	case info.Mode()&fs.ModeSymlink != 0:
+		if _, info, ok := resolve(fsys, dir, e, m); ok && info.IsDir() {
+			e.whole("symbolic links to directories are not supported")
+		} else if ok {
+			e.whole("cannot read directory: not a directory")
+		}
+		return nil, false
+	case !info.IsDir():
+		e.whole("cannot read directory: not a directory")
+		return nil, false
+	}
 	entries, err := fs.ReadDir(fsys, dir)
 	if err != nil {
-		if _, statErr := fs.Stat(fsys, dir); statErr != nil {
-			return nil
-		}
-		errs{file: dir, list: list}.whole("cannot read directory: %v", unwrapPathError(err))
-		return nil
+		e.whole("cannot read directory: %v", unwrapPathError(err))
+		return nil, false
+	}
+	if !m.list(dir, len(entries)) {
+		return nil, false
 	}
 	var names []string
 	for _, ent := range entries {
@@ -196,12 +382,20 @@ func listDirs(fsys fs.FS, dir string, list *ErrorList) []string {
 			names = append(names, ent.Name())
 		case ent.Type()&fs.ModeSymlink != 0:
 			e := errs{file: p, list: list}
-			if _, info, ok := resolve(fsys, p, e); ok && info.IsDir() {
+			if _, info, ok := resolve(fsys, p, e, m); ok && info.IsDir() {
 				e.whole("symbolic links to directories are not supported")
 			}
 		}
 	}
-	return names
+	return names, true
+}
+
+// lstat is Lstat where fsys can tell links apart, Stat elsewhere.
+func lstat(fsys fs.FS, p string) (fs.FileInfo, error) {
+	if rl, ok := fsys.(fs.ReadLinkFS); ok {
+		return rl.Lstat(p)
+	}
+	return fs.Stat(fsys, p)
 }
 
 // digest hashes a set of files by path and content.

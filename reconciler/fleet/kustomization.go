@@ -3,8 +3,12 @@ package fleet
 import (
 	"fmt"
 	"path"
+	"reflect"
+	"slices"
 	"strings"
 
+	"go.yaml.in/yaml/v3"
+	"sigs.k8s.io/kustomize/api/konfig"
 	"sigs.k8s.io/kustomize/api/types"
 )
 
@@ -38,19 +42,184 @@ var refusedKustomizeFields = map[string]string{
 	"patchesJson6902":             "it is deprecated; list the patch under patches",
 }
 
-// checkKustomization validates a kustomization.yaml of a preset (dir "") or of a cluster
-// (dir clusters/<name>). Every path it names must stay inside one of roots and exist in
-// the repository, so that kustomize never reads anything else and never fetches a URL.
-func checkKustomization(f *Fleet, file string, data []byte, cluster string, roots []string, overlay bool, list *ErrorList) {
-	clusterName := ""
-	if cluster != "" {
-		clusterName = path.Base(cluster)
+// Limits of the kustomizations that one preset or one cluster overlay reaches, far
+// beyond what a fleet needs.
+const (
+	// maxKustomizationDepth bounds how many kustomizations include one another in a chain.
+	maxKustomizationDepth = 10
+	// maxKustomizationLoads bounds how often kustomize loads a kustomization for one
+	// preset or overlay. Kustomize loads a directory again each time it is included, so
+	// that a few directories that each include the next twice would cost it exponential
+	// time.
+	maxKustomizationLoads = 100
+)
+
+// ProveLocal checks, before kustomize runs, the kustomizations in dirs and every
+// kustomization they reach, the way kustomize would reach them, against the rules
+// that the loader checks a fleet with. files is exactly what kustomize's file system
+// holds, keyed by slash-separated path from its root; dirs lie under presets/ or
+// clusters/.
+//
+// An empty list proves that kustomize, run in any of dirs over files, fetches nothing,
+// clones nothing and runs no program: each path that a reachable kustomization names
+// is one that kustomize reads as a path (see remoteReason) and that exists in files,
+// no field runs a plugin or Helm, and kustomize's own parser reads each kustomization
+// as it was checked. Kustomize's loader fetches URLs and runs git for remote bases and
+// has no switch to turn that off, so this proof has to come first.
+func ProveLocal(files map[string][]byte, dirs ...string) ErrorList {
+	w := newKustomizeWalk(files, "", func(string) bool { return false })
+	for _, d := range dirs {
+		// A caller names these directories in a kustomization of its own, such as
+		// render's, which must be as plain as the rest.
+		if why := remoteReason(d); why != "" || refRoots(d) == nil || path.Clean(d) != d {
+			w.errs(d).whole("kustomize may only run on a directory of presets/ or clusters/")
+			continue
+		}
+		w.walk(d)
 	}
-	e := errs{file: file, cluster: clusterName, list: list}
-	root, ok := singleDocument(data, e)
-	if !ok {
+	w.out.Sort()
+	return slices.Compact(w.out)
+}
+
+// checkKustomizations checks the kustomization in dir, a preset's or a cluster's
+// directory, and every kustomization it reaches. files is what kustomize will be given
+// for it: every preset's files and, for a cluster, its own (presetAndClusterFiles).
+func checkKustomizations(f *Fleet, files map[string][]byte, dir, cluster string, list *ErrorList) {
+	// A file that could not be read has its own error; it does exist.
+	unreadable := func(p string) bool { return hasError(*list, p) || hasError(f.Errors, p) }
+	w := newKustomizeWalk(files, cluster, unreadable)
+	w.walk(dir)
+	for _, e := range w.out {
+		// An overlay may include a kustomization of a preset whose own errors are known.
+		if cluster != "" && slices.ContainsFunc(f.Errors, func(o Error) bool {
+			return o.File == e.File && o.Line == e.Line && o.Column == e.Column && o.Message == e.Message
+		}) {
+			continue
+		}
+		*list = append(*list, e)
+	}
+}
+
+// kustomizeWalk follows the kustomizations that include one another, as kustomize does,
+// and checks each of them once.
+type kustomizeWalk struct {
+	files      map[string][]byte
+	cluster    string
+	unreadable func(string) bool
+	// checked holds what each kustomization file includes, or nil when it has errors.
+	checked map[string]*kustomization
+	out     ErrorList
+	seen    map[Error]bool
+
+	// Of one walk from a preset or overlay:
+	stack     []string
+	loads     int
+	exhausted bool
+}
+
+// kustomization is one checked kustomization file.
+type kustomization struct {
+	file string
+	// includes are the directories with a kustomization that it lists as resources or
+	// components.
+	includes []include
+}
+
+type include struct {
+	ref, dir  string
+	line, col int
+}
+
+func newKustomizeWalk(files map[string][]byte, cluster string, unreadable func(string) bool) *kustomizeWalk {
+	return &kustomizeWalk{files: files, cluster: cluster, unreadable: unreadable,
+		checked: map[string]*kustomization{}, seen: map[Error]bool{}}
+}
+
+// errs collects the errors of one file in the walk's list.
+func (w *kustomizeWalk) errs(file string) errs {
+	return errs{file: file, cluster: w.cluster, list: &w.out}
+}
+
+func (w *kustomizeWalk) walk(dir string) {
+	w.stack, w.loads, w.exhausted = w.stack[:0], 0, false
+	before := len(w.out)
+	w.visit(dir)
+	// The same error found on two paths through the kustomizations is one error.
+	kept := w.out[:before]
+	for _, e := range w.out[before:] {
+		if !w.seen[e] {
+			w.seen[e] = true
+			kept = append(kept, e)
+		}
+	}
+	w.out = kept
+}
+
+func (w *kustomizeWalk) visit(dir string) {
+	w.loads++
+	k := w.load(dir)
+	if k == nil {
 		return
 	}
+	w.stack = append(w.stack, dir)
+	defer func() { w.stack = w.stack[:len(w.stack)-1] }()
+	e := w.errs(k.file)
+	for _, in := range k.includes {
+		if w.exhausted {
+			return
+		}
+		switch {
+		case slices.ContainsFunc(w.stack, func(d string) bool { return d == in.dir || strings.HasPrefix(d, in.dir+"/") }):
+			// Kustomize refuses these too, but only once it has loaded everything on the
+			// way; the walk must end here regardless.
+			e.at(in.line, in.col, "%q includes %s again: kustomizations may not include one another in a cycle, nor a directory above one on the way here", in.ref, in.dir)
+		case len(w.stack) >= maxKustomizationDepth:
+			e.at(in.line, in.col, "%q nests kustomizations %d deep; at most %d may include one another in a chain", in.ref, len(w.stack)+1, maxKustomizationDepth)
+		case w.loads >= maxKustomizationLoads:
+			e.at(in.line, in.col, "%q makes kustomize load more than %d kustomizations for %s; kustomize loads a directory again each time it is included", in.ref, maxKustomizationLoads, w.stack[0])
+			w.exhausted = true
+		default:
+			w.visit(in.dir)
+		}
+	}
+}
+
+// load checks the kustomization in dir the first time it is reached.
+func (w *kustomizeWalk) load(dir string) *kustomization {
+	file := path.Join(dir, KustomizationFile)
+	if k, ok := w.checked[file]; ok {
+		return k
+	}
+	k := w.check(dir, file)
+	w.checked[file] = k
+	return k
+}
+
+// check checks one kustomization file. Every path it names must stay inside the
+// directories its own directory may use and exist in files, so that kustomize never
+// reads anything else and never fetches a URL.
+func (w *kustomizeWalk) check(dir, file string) *kustomization {
+	e := w.errs(file)
+	namesOK := true
+	for _, name := range konfig.RecognizedKustomizationFileNames() {
+		other := path.Join(dir, name)
+		if _, found := w.files[other]; found && name != KustomizationFile {
+			w.errs(other).whole("kustomize would read this file as well as or instead of %s; a fleet names its kustomizations %s only", KustomizationFile, KustomizationFile)
+			namesOK = false
+		}
+	}
+	data, found := w.files[file]
+	if !found {
+		if !w.unreadable(file) {
+			w.errs(dir).whole("directory has no %s", KustomizationFile)
+		}
+		return nil
+	}
+	root, parsed := singleDocument(data, e)
+	if !parsed {
+		return nil
+	}
+	ok := true
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k := root.Content[i]
 		if allowedKustomizeFields[k.Value] {
@@ -64,85 +233,176 @@ func checkKustomization(f *Fleet, file string, data []byte, cluster string, root
 		ok = false
 	}
 	if !ok {
-		return
+		return nil
 	}
 	var k types.Kustomization
 	if !decodeStrict(root, &k, e) {
-		return
+		return nil
 	}
 	if k.Kind != "" && k.Kind != types.KustomizationKind && k.Kind != types.ComponentKind {
 		n := locate(root, "kind")
 		e.at(n.Line, n.Column, "kind must be Kustomization or Component, not %q", k.Kind)
+		ok = false
 	}
-	dir := path.Dir(file)
-	files := f.presetAndClusterFiles(cluster)
-	check := func(ref string, wantDir bool, p ...string) {
+	if !readsTheSame(root, data, &k, e) {
+		ok = false
+	}
+	out := &kustomization{file: file}
+	check := func(ref string, kind refKind, p ...string) {
 		n := locate(root, p...)
-		if msg := checkRef(dir, ref, roots, files, wantDir); msg != "" {
-			// A file that could not be read has its own error; it does exist.
-			if target := path.Join(dir, ref); !hasError(*list, target) && !hasError(f.Errors, target) {
+		target, isKustomization, msg := w.checkRef(dir, ref, kind)
+		switch {
+		case msg != "":
+			if target == "" || !w.unreadable(target) {
 				e.at(n.Line, n.Column, "%s", msg)
+				ok = false
 			}
-			return
-		}
-		if overlay && strings.HasPrefix(path.Join(dir, ref), PresetsDir+"/") {
-			target := path.Join(dir, ref)
-			if _, isPreset := f.Presets[strings.TrimPrefix(target, PresetsDir+"/")]; isPreset {
-				e.at(n.Line, n.Column, "%q is a whole preset: the cluster's preset is its base already; list only patches and extra objects", ref)
-			}
+		case isKustomization && inCluster(dir) && isWholePreset(target):
+			e.at(n.Line, n.Column, "%q is a whole preset: the cluster's preset is its base already; list only patches and extra objects", ref)
+			ok = false
+		case isKustomization:
+			out.includes = append(out.includes, include{ref: ref, dir: target, line: n.Line, col: n.Column})
 		}
 	}
 	for i, r := range k.Resources {
-		check(r, false, "resources", fmt.Sprintf("[%d]", i))
+		check(r, refResource, "resources", fmt.Sprintf("[%d]", i))
 	}
 	for i, r := range k.Components {
-		check(r, true, "components", fmt.Sprintf("[%d]", i))
+		check(r, refComponent, "components", fmt.Sprintf("[%d]", i))
 	}
 	for i, p := range k.Patches {
 		if p.Path != "" {
-			check(p.Path, false, "patches", fmt.Sprintf("[%d]", i), "path")
+			check(p.Path, refFile, "patches", fmt.Sprintf("[%d]", i), "path")
 		}
 	}
 	for i, r := range k.Replacements {
 		if r.Path != "" {
-			check(r.Path, false, "replacements", fmt.Sprintf("[%d]", i), "path")
+			check(r.Path, refFile, "replacements", fmt.Sprintf("[%d]", i), "path")
 		}
 	}
+	if !ok || !namesOK {
+		// What an erroneous kustomization includes is not followed: its errors are
+		// enough, and kustomize never runs on it.
+		return nil
+	}
+	return out
 }
 
-// checkRef says what is wrong with a path a kustomization names, or "" when it is fine.
-func checkRef(dir, ref string, roots []string, files map[string][]byte, wantDir bool) string {
-	if strings.Contains(ref, "://") || strings.HasPrefix(ref, "git@") || strings.HasPrefix(ref, "ssh:") {
-		return fmt.Sprintf("%q is remote; kustomizations in a fleet may only name files in the repository", ref)
+// readsTheSame reports whether kustomize's own parser reads data as the kustomization k
+// checked here. It parses with another YAML library (one that decodes !!binary, for one)
+// and matches field names regardless of case, so that a path could read as a file here
+// and as a URL to kustomize.
+func readsTheSame(root *yaml.Node, data []byte, k *types.Kustomization, e errs) bool {
+	var theirs types.Kustomization
+	if err := theirs.Unmarshal(data); err != nil {
+		e.whole("kustomize cannot read this file: %v", err)
+		return false
+	}
+	type pathAt struct {
+		value string
+		at    []string
+	}
+	paths := func(k *types.Kustomization) []pathAt {
+		var out []pathAt
+		for i, r := range k.Resources {
+			out = append(out, pathAt{r, []string{"resources", fmt.Sprintf("[%d]", i)}})
+		}
+		for i, r := range k.Components {
+			out = append(out, pathAt{r, []string{"components", fmt.Sprintf("[%d]", i)}})
+		}
+		for i, p := range k.Patches {
+			out = append(out, pathAt{p.Path, []string{"patches", fmt.Sprintf("[%d]", i), "path"}})
+		}
+		for i, r := range k.Replacements {
+			out = append(out, pathAt{r.Path, []string{"replacements", fmt.Sprintf("[%d]", i), "path"}})
+		}
+		return out
+	}
+	ours, their := paths(k), paths(&theirs)
+	for i := range min(len(ours), len(their)) {
+		if ours[i].value != their[i].value || !slices.Equal(ours[i].at, their[i].at) {
+			n := locate(root, ours[i].at...)
+			e.at(n.Line, n.Column, "kustomize reads this path as %q, not %q; write paths as plain strings, without YAML tags", their[i].value, ours[i].value)
+			return false
+		}
+	}
+	if !reflect.DeepEqual(k, &theirs) {
+		e.at(root.Line, root.Column, "kustomize reads this file differently than it reads here; write it as plain YAML, without tags")
+		return false
+	}
+	return true
+}
+
+type refKind int
+
+const (
+	// refResource is a file of objects or a directory with a kustomization.
+	refResource refKind = iota
+	// refComponent is a directory with a kustomization of kind Component.
+	refComponent
+	// refFile is the file of a patch or of replacements.
+	refFile
+)
+
+// checkRef resolves a path that a kustomization in dir names. It says what is wrong with
+// it, or "" when it is fine, and whether it is a directory with a kustomization.
+func (w *kustomizeWalk) checkRef(dir, ref string, kind refKind) (target string, isKustomization bool, msg string) {
+	if why := remoteReason(ref); why != "" {
+		return "", false, fmt.Sprintf("%q is remote; kustomizations in a fleet may only name files in the repository: %s", ref, why)
+	}
+	if ref == "" {
+		return "", false, "the path is empty"
 	}
 	if path.IsAbs(ref) {
-		return fmt.Sprintf("%q is an absolute path; name files relative to %s", ref, dir)
+		return "", false, fmt.Sprintf("%q is an absolute path; name files relative to %s", ref, dir)
 	}
-	target := path.Join(dir, ref)
-	inside := false
-	for _, r := range roots {
-		if target == r || strings.HasPrefix(target, r+"/") {
-			inside = true
+	target = path.Join(dir, ref)
+	roots := refRoots(dir)
+	if !slices.ContainsFunc(roots, func(r string) bool { return target == r || strings.HasPrefix(target, r+"/") }) {
+		if inCluster(dir) {
+			return target, false, fmt.Sprintf("%q resolves to %s, outside %s; overlays may only name files in their own directory and presets/", ref, target, strings.Join(roots, " and "))
 		}
+		return target, false, fmt.Sprintf("%q resolves to %s, outside %s; presets may only name files in presets/", ref, target, strings.Join(roots, " and "))
 	}
-	if !inside {
-		return fmt.Sprintf("%q resolves to %s, outside %s; overlays may only name files in their own directory and presets/", ref, target, strings.Join(roots, " and "))
-	}
-	if _, isFile := files[target]; isFile {
-		if wantDir {
-			return fmt.Sprintf("%q is a file; a component is a directory with a kustomization.yaml", ref)
+	if _, isFile := w.files[target]; isFile {
+		if kind == refComponent {
+			return target, false, fmt.Sprintf("%q is a file; a component is a directory with a kustomization.yaml", ref)
 		}
-		return ""
+		return target, false, ""
 	}
-	if _, isDir := files[path.Join(target, KustomizationFile)]; isDir {
-		return ""
+	if _, isDir := w.files[path.Join(target, KustomizationFile)]; isDir {
+		if kind == refFile {
+			return target, false, fmt.Sprintf("%q is a directory; a patch or a replacement names a file", ref)
+		}
+		return target, true, ""
 	}
-	for p := range files {
+	for p := range w.files {
 		if strings.HasPrefix(p, target+"/") {
-			return fmt.Sprintf("directory %q has no kustomization.yaml", ref)
+			return target, false, fmt.Sprintf("directory %q has no kustomization.yaml", ref)
 		}
 	}
-	return fmt.Sprintf("%q does not exist in the repository (remote bases are not allowed)", ref)
+	return target, false, fmt.Sprintf("%q does not exist in the repository (remote bases are not allowed)", ref)
+}
+
+// refRoots are the directories that a kustomization in dir may name files in: a
+// preset's, those of presets/; a cluster's, those of its own directory and of presets/.
+func refRoots(dir string) []string {
+	if dir == PresetsDir || strings.HasPrefix(dir, PresetsDir+"/") {
+		return []string{PresetsDir}
+	}
+	if rest, ok := strings.CutPrefix(dir, ClustersDir+"/"); ok {
+		name, _, _ := strings.Cut(rest, "/")
+		return []string{path.Join(ClustersDir, name), PresetsDir}
+	}
+	return nil
+}
+
+func inCluster(dir string) bool { return strings.HasPrefix(dir, ClustersDir+"/") }
+
+// isWholePreset reports whether dir is the directory of a preset.
+func isWholePreset(dir string) bool {
+	rest, ok := strings.CutPrefix(dir, PresetsDir+"/")
+	return ok && rest != "" && !strings.Contains(rest, "/")
 }
 
 // presetAndClusterFiles is what a kustomization may name: every preset's files and, for

@@ -46,7 +46,7 @@ func TestLoadRejectsOverlayNamingFilesOutsideClusterAndPresets(t *testing.T) {
 		at4("ssh URL", resource("ssh://git@github.com/kubernetes-sigs/kueue.git"),
 			`"ssh://git@github.com/kubernetes-sigs/kueue.git" is remote`),
 		at4("host path without scheme", resource("github.com/kubernetes-sigs/kueue/config/default?ref=v0.17.0"),
-			`"github.com/kubernetes-sigs/kueue/config/default?ref=v0.17.0" does not exist in the repository (remote bases are not allowed)`),
+			`"github.com/kubernetes-sigs/kueue/config/default?ref=v0.17.0" is remote; kustomizations in a fleet may only name files in the repository: kustomize reads a path starting with github.com/ as a GitHub repository`),
 		at4("missing file", resource("missing.yaml"),
 			`"missing.yaml" does not exist in the repository (remote bases are not allowed)`),
 		at4("missing preset file", resource("../../presets/gpu/missing.yaml"),

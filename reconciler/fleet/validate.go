@@ -127,7 +127,7 @@ func validatePreset(f *Fleet, p *Preset) {
 		errs{file: dir, list: &p.Errors}.whole("preset has no kustomization.yaml")
 		return
 	}
-	checkKustomization(f, k, p.Files[k], "", []string{PresetsDir}, false, &p.Errors)
+	checkKustomizations(f, f.presetAndClusterFiles(""), dir, "", &p.Errors)
 }
 
 // checkYAMLFiles parses every YAML file other than the ones validated on their own, so
@@ -175,9 +175,8 @@ func validateCluster(f *Fleet, c *Cluster) {
 		checkSOPS(data, errs{file: ef, cluster: c.Name, list: &c.Errors})
 	}
 
-	kf := path.Join(c.Dir, KustomizationFile)
-	if data, ok := c.Files[kf]; ok {
-		checkKustomization(f, kf, data, c.Dir, []string{c.Dir, PresetsDir}, true, &c.Errors)
+	if _, ok := c.Files[path.Join(c.Dir, KustomizationFile)]; ok {
+		checkKustomizations(f, f.presetAndClusterFiles(c.Dir), c.Dir, c.Name, &c.Errors)
 	}
 }
 

@@ -13,17 +13,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"maps"
 	"path"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"golang.org/x/sync/errgroup"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,6 +66,17 @@ type Options struct {
 	// hub had connected before it records the missing ones as disconnected. Default 1
 	// minute; it should exceed the agents' redial backoff.
 	StaleAfter time.Duration
+	// PlanTimeout bounds one pull request's plan, and the listing and fetching before
+	// it. Default 1 minute.
+	PlanTimeout time.Duration
+	// PlanWorkers is how many plans the hub computes at once over all sources. Default 2.
+	PlanWorkers int
+	// MaxPlannedClusters is how many clusters one plan renders in full; the others are
+	// summarized. Default plan.DefaultMaxRendered.
+	MaxPlannedClusters int
+	// Budget bounds what the hub reads of one head, of the branch or of a pull request;
+	// the zero value is fleet's default.
+	Budget fleet.Budget
 }
 
 // Hub reconciles fleet sources. Attach the tunnel before running it.
@@ -74,6 +84,9 @@ type Hub struct {
 	opts     Options
 	renderer *render.Renderer
 	tunnel   *tunnel.Server
+
+	// planSlots holds a token for every plan being computed, over all sources.
+	planSlots chan struct{}
 
 	mu      sync.Mutex
 	desired map[string]*protocol.DesiredState // by identity
@@ -92,7 +105,14 @@ func New(opts Options) (*Hub, error) {
 	if opts.StaleAfter <= 0 {
 		opts.StaleAfter = time.Minute
 	}
-	return &Hub{opts: opts, renderer: render.New(), desired: map[string]*protocol.DesiredState{}, keys: map[string]client.ObjectKey{}, sources: map[string]*Source{}}, nil
+	if opts.PlanTimeout <= 0 {
+		opts.PlanTimeout = time.Minute
+	}
+	if opts.PlanWorkers <= 0 {
+		opts.PlanWorkers = 2
+	}
+	return &Hub{opts: opts, renderer: render.New(), planSlots: make(chan struct{}, opts.PlanWorkers),
+		desired: map[string]*protocol.DesiredState{}, keys: map[string]client.ObjectKey{}, sources: map[string]*Source{}}, nil
 }
 
 // Attach gives the hub the tunnel it pushes desired states through. The tunnel's
@@ -143,9 +163,10 @@ type SourceOptions struct {
 	Statuses status.Backend
 	// Poll is the interval between fetches when no webhook arrives. Default 1 minute.
 	Poll time.Duration
-	// PullRequests, when set, says which pull requests are open, as the forge knows:
-	// only those are planned. Without it every pull-request ref the repository has is
-	// planned, which suits a plain git server, where such refs are pushed on purpose.
+	// PullRequests, when set, says which pull requests into the branch are open, as the
+	// forge knows: only those are planned. Without it every pull-request ref the
+	// repository has is planned, which suits a plain git server, where such refs are
+	// pushed on purpose.
 	PullRequests status.PullRequestLister
 }
 
@@ -159,6 +180,10 @@ type Source struct {
 	log       *slog.Logger
 	// queue holds the names of clusters whose agents reported, for refresh.
 	queue workqueue.TypedRateLimitingInterface[string]
+	// planWake wakes the plan worker after a sync.
+	planWake chan struct{}
+	// refreshLocks keep two refreshes of one cluster apart.
+	refreshLocks keyedLocks
 
 	mu     sync.Mutex
 	last   plumbing.Hash
@@ -173,6 +198,10 @@ type Source struct {
 	retry map[string]bool
 	// fleetError is set while fleet.yaml or a preset does not validate.
 	fleetError string
+	// waitingRemovals are the clusters removed from the repository while fleet.yaml or
+	// a preset did not validate: nothing is decommissioned on a head whose policy
+	// cannot be read, so they wait for a head that validates.
+	waitingRemovals map[string]bool
 }
 
 // AddSource follows a repository for a tenant.
@@ -191,8 +220,9 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{hub: h, opts: opts, git: g, log: h.opts.Log.With("tenant", opts.Tenant, "repository", gitsource.RedactURL(opts.Git.URL)),
-		prefix: fleet.DefaultStatusContextPrefix, states: map[string]status.State{}, invalid: map[string]string{}, retry: map[string]bool{},
-		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
+		prefix: fleet.DefaultStatusContextPrefix, states: map[string]status.State{}, invalid: map[string]string{}, retry: map[string]bool{}, waitingRemovals: map[string]bool{},
+		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		planWake: make(chan struct{}, 1)}
 	if opts.Statuses != nil {
 		s.publisher = status.NewPublisher(opts.Statuses, status.PublisherOptions{Log: s.log})
 	}
@@ -218,8 +248,8 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 // Trigger asks for a fetch now, e.g. from a webhook; triggers coalesce.
 func (s *Source) Trigger() { s.poller.Trigger() }
 
-// Run syncs at once, then on every trigger and poll, and refreshes the clusters whose
-// agents reported, until ctx ends.
+// Run syncs at once, then on every trigger and poll, plans the open pull requests
+// beside it, and refreshes the clusters whose agents reported, until ctx ends.
 func (s *Source) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for range refreshWorkers {
@@ -228,6 +258,7 @@ func (s *Source) Run(ctx context.Context) {
 			}
 		})
 	}
+	wg.Go(func() { s.runPlans(ctx) })
 	s.poller.Run(ctx)
 	s.queue.ShutDown()
 	wg.Wait()
@@ -251,55 +282,13 @@ func (s *Source) refreshNext(ctx context.Context) bool {
 	return true
 }
 
-// Sync fetches the branch and reconciles what its new head changed, then plans the
-// pull requests whose heads are new.
+// Sync fetches the branch and reconciles what its new head changed, then wakes the
+// plan worker, which plans the pull requests whose heads are new without holding up the
+// next sync.
 func (s *Source) Sync(ctx context.Context) error {
 	err := s.syncBranch(ctx)
-	s.syncPlans(ctx)
+	s.wakePlans()
 	return err
-}
-
-// syncPlans validates and renders each open pull request's head once, posting its
-// plan; it never changes anything on a worker.
-func (s *Source) syncPlans(ctx context.Context) {
-	store := s.hub.opts.Plans
-	if store == nil {
-		return
-	}
-	var open func(int) bool
-	if s.opts.PullRequests != nil {
-		numbers, err := s.opts.PullRequests.OpenPullRequests(ctx)
-		if err != nil {
-			s.log.Error("listing open pull requests", "error", err)
-			return
-		}
-		open = func(n int) bool { return numbers[n] }
-	}
-	prs, err := s.git.PullRequests(ctx, open)
-	if err != nil {
-		s.log.Error("reading pull requests", "error", err)
-		return
-	}
-	for _, pr := range prs {
-		head := pr.Head.String()
-		if _, done := store.Get(head); done || pr.Merged {
-			continue
-		}
-		p, err := plan.Compute(ctx, pr, s.hub.renderer)
-		if err != nil {
-			s.log.Error("planning a pull request", "ref", pr.Ref, "error", err)
-			s.post(ctx, head, status.Status{Context: plan.Context(s.prefixNow()), State: status.Error, Description: "the hub could not plan this pull request"})
-			continue
-		}
-		p.RequireTenant(s.opts.Tenant)
-		store.Put(p)
-		url := ""
-		if s.hub.opts.PublicURL != "" {
-			url = strings.TrimSuffix(s.hub.opts.PublicURL, "/") + plan.Path(head)
-		}
-		s.log.Info("planned a pull request", "ref", pr.Ref, "commit", head, "summary", p.Summary())
-		s.post(ctx, head, p.Status(s.prefixNow(), url))
-	}
 }
 
 func (s *Source) prefixNow() string {
@@ -323,6 +312,12 @@ func (s *Source) syncBranch(ctx context.Context) error {
 		if errors.As(err, &ve) {
 			s.post(ctx, ve.Commit, status.Status{Context: s.context("fleet"), State: status.Failure, Description: "not applied: " + ve.Reason})
 		}
+		// A head too large to fetch is never read: like a broken fleet.yaml, nothing
+		// changes on the workers, and the commit says why.
+		var be *gitsource.BudgetError
+		if errors.As(err, &be) {
+			s.post(ctx, be.Commit.String(), status.Status{Context: s.context("fleet"), State: status.Failure, Description: "not applied: " + be.Error()})
+		}
 		return err
 	}
 	if snap.Commit == last && len(retrying) == 0 {
@@ -330,7 +325,7 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	}
 	head := snap.Commit.String()
 	log := s.log.With("commit", head)
-	f := fleet.Load(snap.FS())
+	f := fleet.LoadWith(snap.FS(), fleet.LoadOptions{Budget: s.hub.opts.Budget})
 	s.mu.Lock()
 	s.prefix = f.StatusContextPrefix()
 	s.mu.Unlock()
@@ -366,7 +361,11 @@ func (s *Source) syncBranch(ctx context.Context) error {
 			}
 		}
 	}
+	s.mu.Lock()
+	waiting := slices.Collect(maps.Keys(s.waitingRemovals))
+	s.mu.Unlock()
 	names = append(slices.Clone(names), retrying...)
+	names = append(names, waiting...)
 	slices.Sort(names)
 	names = slices.Compact(names)
 	log.Info("reconciling a head", "clusters", len(names), "all", ch.All, "reason", ch.Reason, "retrying", len(retrying))
@@ -398,14 +397,32 @@ func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.F
 	c := f.Clusters[name]
 	began := time.Now()
 	var err error
+	s.mu.Lock()
 	if c == nil {
-		s.mu.Lock()
 		delete(s.invalid, name)
-		s.mu.Unlock()
 	}
+	// Back in the repository, or gone from the hub: no longer a removal that waits.
+	if c != nil || wc == nil {
+		delete(s.waitingRemovals, name)
+	}
+	s.mu.Unlock()
 	switch {
+	case c == nil && wc != nil && fleetErr != "":
+		// The policy that says what the worker keeps is in the fleet.yaml that does not
+		// validate, and a head over its budgets may simply not have been read whole:
+		// nothing is decommissioned until a head validates again.
+		s.mu.Lock()
+		s.waitingRemovals[name] = true
+		s.mu.Unlock()
+		log.Warn("a removal waits for a head that validates", "cluster", name)
+		s.post(ctx, head, status.Status{Context: s.context(name), State: status.Pending, Description: "removal waits: the fleet does not validate at this commit; the worker keeps its state"})
 	case c == nil && wc != nil:
 		err = s.decommission(ctx, wc, head, f.DecommissionPolicy())
+		if err == nil {
+			s.mu.Lock()
+			delete(s.waitingRemovals, name)
+			s.mu.Unlock()
+		}
 	case c == nil:
 	case fleetErr != "":
 		// Nothing renders while fleet.yaml or a preset is broken; the workers keep
@@ -427,7 +444,16 @@ func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.F
 		// A fault of the hub's, not of the repository: say so on the commit, keep the
 		// worker as it is, and try again on the next poll.
 		log.Error("reconciling a cluster", "cluster", name, "error", err)
-		s.post(ctx, head, status.Status{Context: s.context(name), State: status.Error, Description: "hub error, retrying: " + err.Error()})
+		s.post(ctx, head, status.Status{Context: s.context(name), State: status.Error, Description: faultDescription(err)})
+		if wc != nil {
+			// Best effort: the hub cluster's API may be what failed.
+			cur := wc.DeepCopy()
+			patch := client.MergeFrom(wc)
+			cur.Annotations = mergeMaps(cur.Annotations, map[string]string{v1alpha1.HubErrorAnnotation: faultDetail(err)})
+			if aerr := s.hub.opts.Client.Patch(ctx, cur, patch); aerr != nil {
+				log.Warn("recording a hub fault on its WorkerCluster", "cluster", name, "error", aerr)
+			}
+		}
 	}
 }
 
@@ -552,6 +578,7 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		want.Annotations = mergeMaps(want.Annotations, map[string]string{v1alpha1.SourceCommitAnnotation: commit, v1alpha1.SourceDigestAnnotation: digest})
 		delete(want.Annotations, invalidAnnotation)
 		delete(want.Annotations, v1alpha1.DecommissionAnnotation)
+		delete(want.Annotations, v1alpha1.HubErrorAnnotation)
 		want.Spec = *c.Object.Spec.DeepCopy()
 		want.Spec.EnrollmentTokenHash = tok.String()
 		if !exists {
@@ -636,6 +663,12 @@ func (s *Source) patchStatus(ctx context.Context, name string, mutate func(*v1al
 // refresh sums a WorkerCluster's conditions up, finishes a decommission the agent
 // completed, and publishes the cluster's commit status.
 func (s *Source) refresh(ctx context.Context, name string) error {
+	// A sync and an agent's report may refresh one cluster at once. Were they to
+	// interleave, the one that read the older WorkerCluster could post and remember last,
+	// and the fleet's summary would wait forever on a state long gone: one at a time, the
+	// last refresh reads the newest state.
+	unlock := s.refreshLocks.lock(name)
+	defer unlock()
 	var wc v1alpha1.WorkerCluster
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := s.hub.opts.Client.Get(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: name}, &wc); err != nil {
@@ -662,13 +695,25 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 	}
 	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], st)
 	s.mu.Lock()
-	changed := s.states[name] != st.State
 	s.states[name] = st.State
 	s.mu.Unlock()
-	if changed {
-		s.publishFleet(ctx)
-	}
+	// Posted whether or not this cluster's state changed: the summary is derived from
+	// every cluster's current state on the current head, and the publisher posts it only
+	// when it reads differently from what the commit shows.
+	s.publishFleet(ctx)
 	return nil
+}
+
+// keyedLocks serializes work per key over a fixed set of mutexes: two keys may share
+// one, which only costs a little waiting.
+type keyedLocks [64]sync.Mutex
+
+func (l *keyedLocks) lock(key string) (unlock func()) {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	m := &l[h.Sum32()%uint32(len(l))]
+	m.Lock()
+	return m.Unlock
 }
 
 // decommissionHash is the desired "state" of a cluster leaving the fleet.
@@ -695,25 +740,34 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 	}
 	s.post(ctx, head, status.Status{Context: s.context(wc.Name), State: status.Pending, Description: "decommissioning: waiting for the agent to prune what it owns"})
 	if s.hub.tunnel != nil {
-		if ok, err := s.hub.tunnel.Push(ctx, identity); err == nil && ok {
-			return nil
+		if _, err := s.hub.tunnel.Push(ctx, identity); err != nil {
+			s.log.Warn("pushing the decommission", "cluster", wc.Name, "error", err)
 		}
 	}
-	// The agent may be redialling (a hub restart, a network blip): it gets the
-	// decommission when it connects, and the WorkerCluster goes without pruning only if
-	// it does not come within StaleAfter.
-	key := client.ObjectKeyFromObject(wc)
+	// The agent may be redialling (a hub restart, a network blip), or be cut off for
+	// not reading what it was sent: it gets the decommission when it connects, and the
+	// WorkerCluster goes without pruning only if no agent is connected for StaleAfter.
+	s.finishIfAgentStaysAway(context.WithoutCancel(ctx), client.ObjectKeyFromObject(wc), identity)
+	return nil
+}
+
+// finishIfAgentStaysAway finishes a decommission without pruning once StaleAfter has
+// passed without the agent reporting it done, unless the agent is connected then: it is
+// still pruning, and is given another StaleAfter.
+func (s *Source) finishIfAgentStaysAway(ctx context.Context, key client.ObjectKey, identity string) {
 	time.AfterFunc(s.hub.opts.StaleAfter, func() {
-		ctx := context.WithoutCancel(ctx)
 		var cur v1alpha1.WorkerCluster
 		if err := s.hub.opts.Client.Get(ctx, key, &cur); err != nil || cur.Annotations[v1alpha1.DecommissionAnnotation] == "" || cur.Status.AppliedHash == decommissionHash(&cur) {
+			return
+		}
+		if s.hub.tunnel != nil && s.hub.tunnel.Connected(identity) {
+			s.finishIfAgentStaysAway(ctx, key, identity)
 			return
 		}
 		if err := s.finishDecommission(ctx, &cur, "removed; the agent did not connect, so nothing was pruned on the worker"); err != nil {
 			s.log.Error("finishing a decommission", "cluster", key.Name, "error", err)
 		}
 	})
-	return nil
 }
 
 func (s *Source) maybeFinishDecommission(ctx context.Context, wc *v1alpha1.WorkerCluster) error {
@@ -726,8 +780,7 @@ func (s *Source) maybeFinishDecommission(ctx context.Context, wc *v1alpha1.Worke
 // finishDecommission revokes the agent's credential and deletes the WorkerCluster.
 func (s *Source) finishDecommission(ctx context.Context, wc *v1alpha1.WorkerCluster, msg string) error {
 	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
-	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: wc.Namespace, Name: tunnel.CredentialSecretName(wc.Name)}}
-	if err := s.hub.opts.Client.Delete(ctx, sec); client.IgnoreNotFound(err) != nil {
+	if err := tunnel.Revoke(ctx, s.hub.opts.Client, wc); err != nil {
 		return fmt.Errorf("revoking the credential of %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
 	if s.hub.tunnel != nil {
@@ -749,7 +802,7 @@ func (s *Source) finishDecommission(ctx context.Context, wc *v1alpha1.WorkerClus
 // publishFleet posts the fleet's summary on the head.
 func (s *Source) publishFleet(ctx context.Context) {
 	s.mu.Lock()
-	head, fleetErr := s.head, s.fleetError
+	head, fleetErr, waiting := s.head, s.fleetError, len(s.waitingRemovals)
 	total, ready := len(s.states), 0
 	for _, st := range s.states {
 		if st == status.Success {
@@ -767,6 +820,9 @@ func (s *Source) publishFleet(ctx context.Context) {
 	slices.Sort(invalid)
 	st := status.Status{Context: s.context("fleet")}
 	switch {
+	case fleetErr != "" && waiting > 0:
+		// The count leads: the error may be long, and a status description is cut.
+		st.State, st.Description = status.Failure, fmt.Sprintf("%d %s until the fleet validates: %s", waiting, plural(waiting, "removal waits", "removals wait"), fleetErr)
 	case fleetErr != "":
 		st.State, st.Description = status.Failure, fleetErr
 	case len(invalid) > 0:
@@ -777,6 +833,13 @@ func (s *Source) publishFleet(ctx context.Context) {
 		st.State, st.Description = status.Pending, fmt.Sprintf("%d of %d clusters ready", ready, total)
 	}
 	s.post(ctx, head, st)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 func (s *Source) post(ctx context.Context, commit string, st status.Status) {

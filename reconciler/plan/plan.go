@@ -35,11 +35,21 @@ const ContextName = "plan"
 // smallest of the forges'.
 const MaxDescription = 140
 
-// MaxDetailedClusters bounds how many clusters of one plan keep their rendered YAML and
-// diffs; the others keep their outcome and object counts. A fleet-wide change to a large
-// fleet would otherwise keep every cluster's objects twice in memory for as long as the
-// plan is served.
-const MaxDetailedClusters = 200
+// DefaultMaxRendered is how many clusters of one plan are rendered on both sides and
+// diffed unless Options say otherwise. A fleet-wide change to a large fleet would
+// otherwise render every cluster twice and keep its objects in memory for as long as the
+// plan is served; the clusters past the limit are summarized from their directories.
+const DefaultMaxRendered = 200
+
+// Options bound what computing one plan may cost.
+type Options struct {
+	// MaxRendered is how many clusters are rendered and diffed; <= 0 means
+	// DefaultMaxRendered. The others are summarized: added, removed or changed as their
+	// directories say, with the problems the loader found, but no objects.
+	MaxRendered int
+	// Budget bounds what is read of each side; the zero value is fleet's default.
+	Budget fleet.Budget
+}
 
 // Change is what merging does to a cluster or to one of its objects.
 type Change string
@@ -75,6 +85,8 @@ type Plan struct {
 	// Clusters are the planned clusters, by name.
 	Clusters []*ClusterPlan `json:"clusters"`
 	Counts   Counts         `json:"counts"`
+	// MaxRendered is the limit the plan was computed with, for its summary.
+	MaxRendered int `json:"maxRendered"`
 }
 
 // Counts sum up a plan.
@@ -83,8 +95,12 @@ type Counts struct {
 	Changed   int `json:"changed"`
 	Removed   int `json:"removed"`
 	Unchanged int `json:"unchanged"`
-	// Objects is how many objects are added, removed or modified over all clusters.
+	// Objects is how many objects are added, removed or modified over all rendered
+	// clusters.
 	Objects int `json:"objects"`
+	// Summarized is how many clusters were past the plan's render limit: they are in
+	// none of the counts above.
+	Summarized int `json:"summarized"`
 }
 
 // ClusterPlan is what merging does to one cluster.
@@ -110,9 +126,10 @@ type ClusterPlan struct {
 	// cluster only.
 	BaseYAML string `json:"baseYAML,omitempty"`
 	HeadYAML string `json:"headYAML,omitempty"`
-	// Omitted is set when the plan has more than MaxDetailedClusters changed clusters
-	// and this one's YAML and diffs were dropped.
-	Omitted bool `json:"omitted,omitempty"`
+	// Summarized is set for a cluster past the plan's render limit: its Change comes
+	// from its directories alone (Changed meaning that its inputs changed), and it has
+	// no objects, hashes or YAML. Its Errors are still the loader's.
+	Summarized bool `json:"summarized,omitempty"`
 }
 
 // ObjectDiff is one object that merging adds, removes or modifies.
@@ -206,12 +223,16 @@ func (p *Plan) Summary() string {
 	var s string
 	if len(p.Clusters) == 0 {
 		s = "no cluster changes"
+
 	} else {
 		s = fmt.Sprintf("+%d %s, ~%d, -%d", c.Added, plural(c.Added, "cluster"), c.Changed, c.Removed)
 		if c.Unchanged > 0 {
 			s += fmt.Sprintf(", %d unchanged", c.Unchanged)
 		}
 		s += fmt.Sprintf(" · %d %s changed", c.Objects, plural(c.Objects, "object"))
+	}
+	if c.Summarized > 0 {
+		s += fmt.Sprintf(" · %d more %s not rendered (a plan renders %d)", c.Summarized, plural(c.Summarized, "cluster"), p.MaxRendered)
 	}
 	if !p.BaseFound {
 		s += " · compared with the branch's head"
@@ -248,10 +269,13 @@ func (p *Plan) Status(prefix, url string) status.Status {
 
 // Compute plans pr: it loads the fleet at the pull request's base and head and, for the
 // clusters the pull request changes (every cluster of either side when it changes a
-// fleet-wide file), renders both sides and compares them. Problems with the
-// repository's content are part of the plan; an error is returned only when planning
-// itself fails, or ctx ends.
-func Compute(ctx context.Context, pr *gitsource.PullRequest, r *render.Renderer) (*Plan, error) {
+// fleet-wide file), renders both sides and compares them, up to opts.MaxRendered
+// clusters; the rest are summarized. Problems with the repository's content are part
+// of the plan; an error is returned only when planning itself fails, or ctx ends.
+func Compute(ctx context.Context, pr *gitsource.PullRequest, r *render.Renderer, opts Options) (*Plan, error) {
+	if opts.MaxRendered <= 0 {
+		opts.MaxRendered = DefaultMaxRendered
+	}
 	p := &Plan{
 		PullRequest: pr.Number,
 		Ref:         pr.Ref,
@@ -260,8 +284,10 @@ func Compute(ctx context.Context, pr *gitsource.PullRequest, r *render.Renderer)
 		BaseFound:   pr.BaseFound,
 		AllClusters: pr.Changes.All,
 		Reason:      pr.Changes.Reason,
+		MaxRendered: opts.MaxRendered,
 	}
-	base, head := fleet.Load(pr.BaseFS()), fleet.Load(pr.FS())
+	load := fleet.LoadOptions{Budget: opts.Budget}
+	base, head := fleet.LoadWith(pr.BaseFS(), load), fleet.LoadWith(pr.FS(), load)
 	if head.Spec != nil {
 		p.Tenant = head.Spec.Spec.Tenant
 	}
@@ -280,14 +306,24 @@ func Compute(ctx context.Context, pr *gitsource.PullRequest, r *render.Renderer)
 	}
 	names = slices.Compact(slices.Sorted(slices.Values(names)))
 
-	detailed := 0
+	rendered := 0
 	for _, name := range names {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("planning %s at %s: %w", pr.Ref, p.Commit, err)
 		}
-		c, err := planCluster(r, base, head, name)
-		if err != nil {
-			return nil, fmt.Errorf("planning %s at %s: cluster %q: %w", pr.Ref, p.Commit, name, err)
+		var c *ClusterPlan
+		if rendered < opts.MaxRendered {
+			var err error
+			if c, err = planCluster(r, base, head, name); err != nil {
+				return nil, fmt.Errorf("planning %s at %s: cluster %q: %w", pr.Ref, p.Commit, name, err)
+			}
+			if c != nil {
+				rendered++
+			}
+		} else if c = summarizeCluster(base, head, name); c != nil {
+			p.Counts.Summarized++
+			p.Clusters = append(p.Clusters, c)
+			continue
 		}
 		if c == nil {
 			continue
@@ -303,16 +339,28 @@ func Compute(ctx context.Context, pr *gitsource.PullRequest, r *render.Renderer)
 			p.Counts.Unchanged++
 		}
 		p.Counts.Objects += len(c.Objects)
-		if c.Change != Unchanged {
-			if detailed < MaxDetailedClusters {
-				detailed++
-			} else {
-				c.omit()
-			}
-		}
 		p.Clusters = append(p.Clusters, c)
 	}
 	return p, nil
+}
+
+// summarizeCluster is the plan of a cluster past the render limit: what its directories
+// say, and the head's problems the loader found; nil when neither side has it.
+func summarizeCluster(base, head *fleet.Fleet, name string) *ClusterPlan {
+	bc, hc := base.Clusters[name], head.Clusters[name]
+	c := &ClusterPlan{Name: name, Summarized: true, Change: Changed}
+	switch {
+	case bc == nil && hc == nil:
+		return nil
+	case bc == nil:
+		c.Change = Added
+	case hc == nil:
+		c.Change = Removed
+	}
+	if hc != nil {
+		c.Errors = slices.Clone(hc.Errors)
+	}
+	return c
 }
 
 // planCluster compares the named cluster on both sides; nil when neither has it, as for
@@ -375,14 +423,6 @@ func planCluster(r *render.Renderer, base, head *fleet.Fleet, name string) (*Clu
 		return nil, fmt.Errorf("head: %w", err)
 	}
 	return c, nil
-}
-
-func (c *ClusterPlan) omit() {
-	c.Omitted = true
-	c.BaseYAML, c.HeadYAML = "", ""
-	for i := range c.Objects {
-		c.Objects[i].Diff = ""
-	}
 }
 
 // renderCluster renders one side. Problems with the content come back as a list;

@@ -206,7 +206,7 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 
 				srv := httptest.NewServer(storeOf(p))
 				t.Cleanup(srv.Close)
-				resp, body := get(t, srv.URL+plan.Path(p.Commit))
+				resp, body := get(t, srv.URL+plan.Path(testSource, p.Commit))
 				if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
 					t.Fatalf("page: %s %s", resp.Status, resp.Header.Get("Content-Type"))
 				}
@@ -248,15 +248,15 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			pr := prs[i]
-			p, err := plan.Compute(t.Context(), pr, r)
+			p, err := plan.Compute(t.Context(), pr, r, plan.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if p.Commit != pr.Head.String() || p.Base != pr.Base.String() || p.PullRequest != i+1 || !p.BaseFound {
 				t.Errorf("plan of #%d at %s from %s (found %v), want #%d at %s from %s", p.PullRequest, p.Commit, p.Base, p.BaseFound, i+1, pr.Head, pr.Base)
 			}
-			st := p.Status("flotilla", "https://hub.example.com"+plan.Path(p.Commit))
-			if st.Context != "flotilla/plan" || st.State != tt.state || st.TargetURL != "https://hub.example.com/plans/"+p.Commit {
+			st := p.Status("flotilla", "https://hub.example.com"+plan.Path(testSource, p.Commit))
+			if st.Context != "flotilla/plan" || st.State != tt.state || st.TargetURL != "https://hub.example.com/plans/acme/"+p.Commit {
 				t.Errorf("status %+v, want %s on flotilla/plan linking to the plan", st, tt.state)
 			}
 			if tt.summary != "" && st.Description != status.Truncate(tt.summary, plan.MaxDescription) {
@@ -302,7 +302,7 @@ func wantInDiff(t *testing.T, c *plan.ClusterPlan, want ...string) {
 func storeOf(plans ...*plan.Plan) *plan.Store {
 	s := plan.NewStore(0)
 	for _, p := range plans {
-		s.Put(p)
+		s.Put(testSource, p)
 	}
 	return s
 }
@@ -321,13 +321,14 @@ func get(t *testing.T, url string) (*http.Response, string) {
 	return resp, string(body)
 }
 
-// A fleet-wide change to a large fleet keeps the details of MaxDetailedClusters
-// clusters only, and still counts everything.
-func TestComputeBoundsTheDetailsItKeeps(t *testing.T) {
+// A fleet-wide change to a large fleet renders MaxRendered clusters only and
+// summarizes the rest: a partial plan that still counts every cluster, not a failure.
+func TestComputeRendersAtMostMaxRenderedClustersAndSummarizesTheRest(t *testing.T) {
+	const limit, extra = 5, 3
 	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
 	fsys := fstest.MapFS{}
 	enrollment := []byte(templateFile("clusters/" + fleetgen.ExampleCluster + "/enrollment.sops.yaml"))
-	for i := range plan.MaxDetailedClusters + 1 {
+	for i := range limit + extra {
 		fleetgen.AddCluster(fsys, fleetgen.ClusterName(i), enrollment, i, fleetgen.Options{})
 	}
 	files := map[string][]byte{}
@@ -351,36 +352,44 @@ func TestComputeBoundsTheDetailsItKeeps(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if _, err := plan.Compute(ctx, prs[0], render.New()); !errors.Is(err, context.Canceled) {
+	if _, err := plan.Compute(ctx, prs[0], render.New(), plan.Options{MaxRendered: limit}); !errors.Is(err, context.Canceled) {
 		t.Errorf("planning with an ended context: %v, want context.Canceled", err)
 	}
 
-	p, err := plan.Compute(t.Context(), prs[0], render.New())
+	p, err := plan.Compute(t.Context(), prs[0], render.New(), plan.Options{MaxRendered: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
-	total := plan.MaxDetailedClusters + 2 // and the example cluster
-	if p.Counts != (plan.Counts{Changed: total, Objects: 2 * total}) {
-		t.Fatalf("counts %+v, want %d clusters changed with a Namespace and a LocalQueue each", p.Counts, total)
+	total := limit + extra + 1 // and the example cluster
+	if want := (plan.Counts{Changed: limit, Objects: 2 * limit, Summarized: total - limit}); p.Counts != want {
+		t.Fatalf("counts %+v, want %+v: %d clusters rendered with a Namespace and a LocalQueue each, the rest summarized", p.Counts, want, limit)
 	}
-	omitted := 0
+	if p.State() != status.Success {
+		t.Errorf("a partial plan is %s, want success", p.State())
+	}
+	summarized := 0
 	for _, c := range p.Clusters {
-		if len(c.Objects) != 2 {
-			t.Errorf("%s lists %d objects, want 2", c.Name, len(c.Objects))
-		}
-		if c.Omitted {
-			omitted++
-			if c.HeadYAML != "" || c.Diff() != "" {
-				t.Errorf("%s is omitted but keeps its YAML or diff", c.Name)
+		if c.Summarized {
+			summarized++
+			if c.Change != plan.Changed || c.HeadYAML != "" || c.HeadHash != "" || len(c.Objects) != 0 {
+				t.Errorf("%s is summarized but %s with hash %q and %d objects", c.Name, c.Change, c.HeadHash, len(c.Objects))
 			}
-		} else if !strings.Contains(c.Diff(), "+  name: ml-eval\n") {
+			continue
+		}
+		if len(c.Objects) != 2 || !strings.Contains(c.Diff(), "+  name: ml-eval\n") {
 			t.Errorf("%s's diff does not add the namespace:\n%s", c.Name, c.Diff())
 		}
 	}
-	if omitted != total-plan.MaxDetailedClusters {
-		t.Errorf("%d clusters omitted, want %d", omitted, total-plan.MaxDetailedClusters)
+	if summarized != total-limit || len(p.Clusters) != total {
+		t.Errorf("%d of %d clusters summarized, want %d of %d", summarized, len(p.Clusters), total-limit, total)
 	}
-	if want := fmt.Sprintf("+0 clusters, ~%d, -0 · %d objects changed", total, 2*total); p.Summary() != want {
+	want := fmt.Sprintf("+0 clusters, ~%d, -0 · %d objects changed · %d more clusters not rendered (a plan renders %d)", limit, 2*limit, total-limit, limit)
+	if p.Summary() != want {
 		t.Errorf("summary %q, want %q", p.Summary(), want)
+	}
+	srv := httptest.NewServer(storeOf(p))
+	t.Cleanup(srv.Close)
+	if _, body := get(t, srv.URL+plan.Path(testSource, p.Commit)); !strings.Contains(body, "Not rendered: the plan reached its limit") {
+		t.Errorf("the page does not say which clusters were not rendered")
 	}
 }

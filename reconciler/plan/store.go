@@ -6,59 +6,94 @@ import (
 	"encoding/json"
 	"html/template"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync"
 
 	"k8s.io/utils/lru"
 )
 
-// PathPrefix is where a Store serves plans: PathPrefix + commit for the page,
-// PathPrefix + commit + ".json" for machines.
+// PathPrefix is where a Store serves plans: PathPrefix + source + "/" + commit for the
+// page, with ".json" appended for machines.
 const PathPrefix = "/plans/"
 
-// DefaultStoreSize is how many plans a Store keeps unless told otherwise: a few pushes
-// to each of a busy repository's open pull requests.
+// DefaultStoreSize is how many plans a Store keeps per source unless told otherwise: a
+// few pushes to each of a busy repository's open pull requests.
 const DefaultStoreSize = 128
 
-// Path is where a Store serves the plan of commit; a status's target URL is the hub's
-// external address followed by it.
-func Path(commit string) string { return PathPrefix + commit }
-
-// Store keeps the newest plans by head commit, evicting the least recently used, and
-// serves them over HTTP. It is safe for concurrent use.
-type Store struct {
-	plans *lru.Cache
-	mux   *http.ServeMux
+// Path is where a Store serves the plan of a source's commit; a status's target URL is
+// the hub's external address followed by it.
+func Path(source, commit string) string {
+	return PathPrefix + url.PathEscape(source) + "/" + commit
 }
 
-// NewStore returns a Store of at most size plans; size <= 0 means DefaultStoreSize.
+// Store keeps the newest plans of each fleet source by head commit, evicting the least
+// recently used, and serves them over HTTP. Each source has a cache of its own, so that
+// one tenant's stream of pull requests never evicts another's plans, and the same commit
+// pushed to two repositories is two plans. It is safe for concurrent use.
+type Store struct {
+	size int
+	mux  *http.ServeMux
+
+	mu      sync.Mutex
+	sources map[string]*lru.Cache
+}
+
+// NewStore returns a Store of at most size plans per source; size <= 0 means
+// DefaultStoreSize.
 func NewStore(size int) *Store {
 	if size <= 0 {
 		size = DefaultStoreSize
 	}
-	s := &Store{plans: lru.New(size), mux: http.NewServeMux()}
-	s.mux.HandleFunc("GET "+PathPrefix+"{commit}", s.serve)
+	s := &Store{size: size, mux: http.NewServeMux(), sources: map[string]*lru.Cache{}}
+	s.mux.HandleFunc("GET "+PathPrefix+"{source}/{commit}", s.serve)
 	return s
 }
 
-// Put keeps p under its head commit, replacing an older plan of the same commit: the
-// newest comparison is the one its status describes.
-func (s *Store) Put(p *Plan) { s.plans.Add(strings.ToLower(p.Commit), p) }
+func (s *Store) cache(source string, create bool) *lru.Cache {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.sources[source]
+	if c == nil && create {
+		c = lru.New(s.size)
+		s.sources[source] = c
+	}
+	return c
+}
 
-// Get returns the plan of commit, a full commit hash.
-func (s *Store) Get(commit string) (*Plan, bool) {
-	v, ok := s.plans.Get(strings.ToLower(commit))
+// Put keeps p under its source and head commit, replacing an older plan of the same
+// commit: the newest comparison is the one its status describes.
+func (s *Store) Put(source string, p *Plan) {
+	s.cache(source, true).Add(strings.ToLower(p.Commit), p)
+}
+
+// Get returns the plan of a source's commit, a full commit hash.
+func (s *Store) Get(source, commit string) (*Plan, bool) {
+	c := s.cache(source, false)
+	if c == nil {
+		return nil, false
+	}
+	v, ok := c.Get(strings.ToLower(commit))
 	if !ok {
 		return nil, false
 	}
 	return v.(*Plan), true
 }
 
-// Len is how many plans the Store holds.
-func (s *Store) Len() int { return s.plans.Len() }
+// Len is how many plans the Store holds over all sources.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.sources {
+		n += c.Len()
+	}
+	return n
+}
 
-// ServeHTTP serves GET PathPrefix{commit} as an HTML page and GET
-// PathPrefix{commit}.json as JSON. Anything but a full 40-hex commit is a bad request;
-// a commit without a plan is not found.
+// ServeHTTP serves GET PathPrefix{source}/{commit} as an HTML page and GET
+// PathPrefix{source}/{commit}.json as JSON. Anything but a full 40-hex commit is a bad
+// request; a commit without a plan is not found.
 func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 func (s *Store) serve(w http.ResponseWriter, r *http.Request) {
@@ -67,7 +102,7 @@ func (s *Store) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not a commit: plans are served by full 40-hex commit hash", http.StatusBadRequest)
 		return
 	}
-	p, ok := s.Get(commit)
+	p, ok := s.Get(r.PathValue("source"), commit)
 	if !ok {
 		http.Error(w, "no plan for this commit", http.StatusNotFound)
 		return

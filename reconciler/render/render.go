@@ -5,6 +5,17 @@
 // The output is a sorted object list and its content hash, the cluster's desired
 // generation. The same fleet gives the same bytes on any machine, so that a hash on the
 // hub and a hash acknowledged by an agent can be compared.
+//
+// A fleet repository is untrusted input, and kustomize's loader fetches URLs over HTTP
+// and runs git to clone remote bases, with no switch to turn either off. So kustomize
+// runs only on an in-memory file system that holds the presets and the one cluster's
+// directory, with plugins disabled, and only after fleet.ProveLocal has proven, on
+// exactly the bytes that file system holds, that every kustomization it can reach names
+// nothing but files in it. Render renders only clusters the loader validated, and
+// proves again all the same: a Fleet is a value any caller can build or change after
+// loading, and the proof costs little next to kustomize itself. Kustomize then makes no
+// request, starts no program and creates no temporary directory (its git cloner is
+// what would create kustomize-* directories).
 package render
 
 import (
@@ -64,7 +75,8 @@ func New() *Renderer {
 }
 
 // Render renders the named cluster. Problems with the fleet's content come back as a
-// fleet.ErrorList naming the file to change; a cluster that did not validate is refused.
+// fleet.ErrorList naming the file to change; a cluster that did not validate is refused,
+// and so is one whose kustomizations fleet.ProveLocal does not prove local.
 func (r *Renderer) Render(f *fleet.Fleet, name string) (*Result, error) {
 	c, ok := f.Clusters[name]
 	if !ok {
@@ -121,12 +133,15 @@ func (r *Renderer) preset(f *fleet.Fleet, p *fleet.Preset) *presetOutput {
 		return out
 	}
 	out = &presetOutput{}
-	fsys, err := memFS(f, nil)
-	if err == nil {
-		out.objects, err = run(fsys, path.Join("/", fleet.PresetsDir, p.Name))
-	}
-	if err != nil {
-		out.errs = fleet.ErrorList{{File: path.Join(fleet.PresetsDir, p.Name, fleet.KustomizationFile), Message: err.Error()}}
+	dir := path.Join(fleet.PresetsDir, p.Name)
+	objs, errs, err := runProven(kustomizeFiles(f, nil), dir, dir)
+	switch {
+	case len(errs) > 0:
+		out.errs = errs
+	case err != nil:
+		out.errs = fleet.ErrorList{{File: path.Join(dir, fleet.KustomizationFile), Message: err.Error()}}
+	default:
+		out.objects = objs
 	}
 	r.mu.Lock()
 	if len(r.cache) >= maxCachedPresetSets {
@@ -151,7 +166,7 @@ func presetsKey(f *fleet.Fleet, name string) string {
 
 // rootDir holds the generated kustomization that joins a preset and an overlay; no path
 // of a fleet repository that reaches kustomize starts with it.
-const rootDir = "/.flotilla-render"
+const rootDir = ".flotilla-render"
 
 // kustomizeCluster runs kustomize over the cluster's preset with the cluster's
 // kustomization.yaml applied as a component, so that its patches reach the preset's
@@ -174,61 +189,65 @@ func kustomizeCluster(f *fleet.Fleet, c *fleet.Cluster, p *fleet.Preset) ([]map[
 	if err != nil {
 		return fail(err)
 	}
-	fsys, err := memFS(f, c)
-	if err != nil {
-		return fail(err)
-	}
+	presetDir := path.Join(fleet.PresetsDir, p.Name)
+	// The root's two paths start with "..", which kustomize reads as nothing but a path;
+	// the directories they lead to are what is proven.
 	root := types.Kustomization{
 		TypeMeta:   types.TypeMeta{APIVersion: types.KustomizationVersion, Kind: types.KustomizationKind},
-		Resources:  []string{path.Join("..", fleet.PresetsDir, p.Name)},
+		Resources:  []string{path.Join("..", presetDir)},
 		Components: []string{path.Join("..", c.Dir)},
 	}
 	rootYAML, err := yaml.Marshal(root)
 	if err != nil {
 		return fail(err)
 	}
-	for file, data := range map[string][]byte{
-		path.Join("/", overlayFile):                 component,
-		path.Join(rootDir, fleet.KustomizationFile): rootYAML,
-	} {
-		if err := fsys.WriteFile(file, data); err != nil {
-			return fail(err)
-		}
+	files := kustomizeFiles(f, c)
+	files[overlayFile] = component
+	files[path.Join(rootDir, fleet.KustomizationFile)] = rootYAML
+	objs, errs, err := runProven(files, rootDir, presetDir, c.Dir)
+	if len(errs) > 0 {
+		return nil, withCluster(errs, c.Name)
 	}
-	objs, err := run(fsys, rootDir)
 	if err != nil {
 		return fail(err)
 	}
 	return objs, nil
 }
 
-// memFS writes the presets and, when given, one cluster's directory into an in-memory
-// file system, so that kustomize can read nothing but the fleet repository.
-func memFS(f *fleet.Fleet, c *fleet.Cluster) (filesys.FileSystem, error) {
-	fsys := filesys.MakeFsInMemory()
-	write := func(files map[string][]byte) error {
-		for p, data := range files {
-			if err := fsys.WriteFile(path.Join("/", p), data); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
+// kustomizeFiles is what kustomize may read for a preset (c nil) or for a cluster: the
+// files of every preset and of the cluster's directory, keyed by path from the
+// repository's root.
+func kustomizeFiles(f *fleet.Fleet, c *fleet.Cluster) map[string][]byte {
+	files := map[string][]byte{}
 	for _, p := range f.Presets {
-		if err := write(p.Files); err != nil {
-			return nil, err
-		}
+		maps.Copy(files, p.Files)
 	}
 	if c != nil {
-		if err := write(c.Files); err != nil {
-			return nil, err
+		maps.Copy(files, c.Files)
+	}
+	return files
+}
+
+// runProven runs kustomize in dir over an in-memory file system that holds files and
+// nothing else, once fleet.ProveLocal has proven that the kustomizations in proven
+// (dir's own, or those it includes when render generated it) reach nothing but files.
+// What the proof finds comes back as a list naming file and line.
+func runProven(files map[string][]byte, dir string, proven ...string) ([]map[string]any, fleet.ErrorList, error) {
+	if errs := fleet.ProveLocal(files, proven...); len(errs) > 0 {
+		return nil, errs, nil
+	}
+	fsys := filesys.MakeFsInMemory()
+	for p, data := range files {
+		if err := fsys.WriteFile(path.Join("/", p), data); err != nil {
+			return nil, nil, err
 		}
 	}
-	return fsys, nil
+	objs, err := run(fsys, path.Join("/", dir))
+	return objs, nil, err
 }
 
 // run runs kustomize with plugins disabled. Load restrictions are lifted because the file
-// system holds only what validation let through: files of presets/ and of the cluster.
+// system holds only what was proven: files of presets/ and of the cluster.
 func run(fsys filesys.FileSystem, dir string) ([]map[string]any, error) {
 	opts := krusty.MakeDefaultOptions()
 	opts.LoadRestrictions = types.LoadRestrictionsNone

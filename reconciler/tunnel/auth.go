@@ -2,7 +2,7 @@ package tunnel
 
 import (
 	"context"
-	"errors"
+	"crypto/sha256"
 	"fmt"
 	"net/http"
 	"time"
@@ -26,6 +26,10 @@ const (
 	// pendingHashKey is a rotated credential the agent has not yet confirmed storing;
 	// both are accepted until it does.
 	pendingHashKey = "pendingHash"
+	// redemptionKeyHashKey is the hash of the redemption key the enrollment token was
+	// redeemed with, kept until the agent shows it received its credential, so that
+	// the same agent can redeem again if the answer was lost.
+	redemptionKeyHashKey = "redemptionKeyHash"
 )
 
 // CredentialSecretName is the Secret, in the WorkerCluster's namespace, that holds the
@@ -45,15 +49,6 @@ func refuse(reason, fingerprint string) error {
 	return &refusal{Reason: reason, Fingerprint: fingerprint}
 }
 
-// fingerprintOf names a presented secret in logs without revealing it; for something
-// that is not even token-shaped there is nothing worth naming.
-func fingerprintOf(presented string) string {
-	if t, err := secrets.ParseToken(presented); err == nil {
-		return t.Hash().Fingerprint()
-	}
-	return ""
-}
-
 // admitted is the result of a successful authentication.
 type admitted struct {
 	wc *v1alpha1.WorkerCluster
@@ -62,30 +57,72 @@ type admitted struct {
 	credential secrets.Token
 	// fingerprint of what was presented, for the log.
 	fingerprint string
+	// again is set when the redemption repeated one whose answer was lost.
+	again bool
 }
 
-// authenticate checks the upgrade request's secret for the identity it names.
+// presented is what an upgrade request claims, checked for shape only.
+type presented struct {
+	identity string
+	token    secrets.Token
+	fp       string
+	// keyHash is the hash of the redemption key sent with an enrollment token; zero
+	// when none was sent.
+	keyHash secrets.Hash
+}
+
+// authenticate checks the upgrade request's secret for the identity it names. Every
+// check of shape comes before the first lookup, and the lookups read Options.Reader, so
+// that a request that fails costs the hub cluster's API nothing.
 func (s *Server) authenticate(ctx context.Context, r *http.Request) (*admitted, error) {
-	identity := r.Header.Get(protocol.HeaderIdentity)
-	presented, ok := bearer(r)
-	fp := fingerprintOf(presented)
-	if !ok {
-		return nil, refuse("no bearer secret", "")
-	}
-	if identity == "" || len(validation.IsValidLabelValue(identity)) > 0 {
-		return nil, refuse("no valid identity", fp)
-	}
-	wc, err := s.lookup(ctx, identity, fp)
+	p, kind, err := checkShape(r)
 	if err != nil {
 		return nil, err
 	}
-	switch r.Header.Get(protocol.HeaderAuth) {
-	case protocol.AuthEnrollment:
-		return s.redeem(ctx, wc, presented, fp)
-	case protocol.AuthCredential:
-		return s.checkCredential(ctx, wc, presented, fp)
+	wc, err := s.lookup(ctx, p.identity, p.fp)
+	if err != nil {
+		return nil, err
 	}
-	return nil, refuse(fmt.Sprintf("unknown %s %q", protocol.HeaderAuth, r.Header.Get(protocol.HeaderAuth)), fp)
+	if kind == protocol.AuthEnrollment {
+		return s.redeem(ctx, wc, p)
+	}
+	return s.checkCredential(ctx, wc, p)
+}
+
+// checkShape refuses a request whose secret, identity or redemption key cannot be what
+// the hub issued, without looking anything up.
+func checkShape(r *http.Request) (presented, string, error) {
+	var p presented
+	secret, ok := bearer(r)
+	if !ok {
+		return p, "", refuse("no bearer secret", "")
+	}
+	kind := r.Header.Get(protocol.HeaderAuth)
+	if kind != protocol.AuthEnrollment && kind != protocol.AuthCredential {
+		return p, "", refuse(fmt.Sprintf("unknown %s", protocol.HeaderAuth), "")
+	}
+	tok, err := secrets.ParseToken(secret)
+	if err != nil {
+		// ParseToken's errors never repeat the text; nothing of it is worth naming.
+		return p, "", refuse("the bearer secret: "+err.Error(), "")
+	}
+	p.token, p.fp = tok, tok.Hash().Fingerprint()
+	p.identity = r.Header.Get(protocol.HeaderIdentity)
+	if !validIdentity(p.identity) {
+		return p, "", refuse("no valid identity", p.fp)
+	}
+	if key := r.Header.Get(protocol.HeaderRedemptionKey); key != "" {
+		if kind != protocol.AuthEnrollment || !protocol.ValidRedemptionKey(key) {
+			return p, "", refuse("a malformed or misplaced "+protocol.HeaderRedemptionKey, p.fp)
+		}
+		p.keyHash = sha256.Sum256([]byte(key))
+	}
+	return p, kind, nil
+}
+
+// validIdentity is the shape of an identity: the value of a label.
+func validIdentity(identity string) bool {
+	return identity != "" && len(validation.IsValidLabelValue(identity)) == 0
 }
 
 func bearer(r *http.Request) (string, bool) {
@@ -97,12 +134,28 @@ func bearer(r *http.Request) (string, bool) {
 	return h[len(prefix):], true
 }
 
+// IdentityIndex is the name of the index of WorkerClusters by identity that
+// IndexIdentities adds to a cache.
+const IdentityIndex = "flotilla.dev/identity"
+
+// IndexIdentities indexes the WorkerClusters of a cache by identity, before it starts;
+// with Options.IdentityIndexed, an identity is then found in one step, however many
+// clusters the hub has, instead of by matching the label of each.
+func IndexIdentities(ctx context.Context, indexer client.FieldIndexer) error {
+	return indexer.IndexField(ctx, &v1alpha1.WorkerCluster{}, IdentityIndex, func(o client.Object) []string {
+		if id := o.GetLabels()[v1alpha1.WorkerClusterLabel]; id != "" {
+			return []string{id}
+		}
+		return nil
+	})
+}
+
 // lookup finds the one WorkerCluster with the identity, in whatever tenant namespace.
 func (s *Server) lookup(ctx context.Context, identity, fp string) (*v1alpha1.WorkerCluster, error) {
 	if s.opts.Resolve != nil {
 		if key, ok := s.opts.Resolve(identity); ok {
 			wc := new(v1alpha1.WorkerCluster)
-			err := s.opts.Client.Get(ctx, key, wc)
+			err := s.opts.Reader.Get(ctx, key, wc)
 			switch {
 			case apierrors.IsNotFound(err):
 				return nil, refuse("no WorkerCluster has this identity", fp)
@@ -115,7 +168,11 @@ func (s *Server) lookup(ctx context.Context, identity, fp string) (*v1alpha1.Wor
 		}
 	}
 	var list v1alpha1.WorkerClusterList
-	if err := s.opts.Client.List(ctx, &list, client.MatchingLabels{v1alpha1.WorkerClusterLabel: identity}); err != nil {
+	var match client.ListOption = client.MatchingLabels{v1alpha1.WorkerClusterLabel: identity}
+	if s.opts.IdentityIndexed {
+		match = client.MatchingFields{IdentityIndex: identity}
+	}
+	if err := s.opts.Reader.List(ctx, &list, match); err != nil {
 		return nil, fmt.Errorf("listing WorkerClusters of identity %s: %w", identity, err)
 	}
 	switch len(list.Items) {
@@ -129,20 +186,57 @@ func (s *Server) lookup(ctx context.Context, identity, fp string) (*v1alpha1.Wor
 
 // redeem consumes the enrollment token: the redemption is recorded with an optimistic
 // lock on the WorkerCluster's status, so of two agents racing with one token exactly
-// one gets in, and a token seen once is refused ever after.
-func (s *Server) redeem(ctx context.Context, wc *v1alpha1.WorkerCluster, presented, fp string) (*admitted, error) {
+// one gets in, and a token seen once is refused ever after, except to the agent that
+// redeemed it, with its redemption key, within RedemptionRetryWindow.
+//
+// Everything that refuses reads Options.Reader; the hub cluster is written, and read
+// afresh, only for the holder of the token.
+func (s *Server) redeem(ctx context.Context, wc *v1alpha1.WorkerCluster, p presented) (*admitted, error) {
 	if wc.Spec.EnrollmentTokenHash == "" {
-		return nil, refuse("the WorkerCluster has no enrollment token", fp)
+		return nil, refuse("the WorkerCluster has no enrollment token", p.fp)
 	}
 	want, err := secrets.ParseHash(wc.Spec.EnrollmentTokenHash)
 	if err != nil {
-		return nil, refuse("the WorkerCluster's enrollment token hash is malformed", fp)
+		return nil, refuse("the WorkerCluster's enrollment token hash is malformed", p.fp)
 	}
-	if err := secrets.Verify(presented, want); err != nil {
-		return nil, refuse(err.Error(), fp)
+	if !p.token.Hash().Equal(want) {
+		return nil, refuse(secrets.ErrTokenMismatch.Error(), p.fp)
 	}
+	for fresh := false; ; fresh = true {
+		adm, err := s.redeemOnce(ctx, wc, p, want)
+		if !apierrors.IsConflict(err) {
+			return adm, err
+		}
+		if fresh {
+			return nil, refuse("another connection redeemed the enrollment token first", p.fp)
+		}
+		// The WorkerCluster read from the cache was older than the hub cluster's: judge
+		// again on the current one (the presenter holds the token, so this read is not
+		// one that garbage can cause).
+		cur := new(v1alpha1.WorkerCluster)
+		if err := s.opts.Client.Get(ctx, client.ObjectKeyFromObject(wc), cur); err != nil {
+			return nil, fmt.Errorf("reading WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
+		}
+		if cur.Spec.EnrollmentTokenHash != wc.Spec.EnrollmentTokenHash || cur.Labels[v1alpha1.WorkerClusterLabel] != p.identity {
+			return nil, refuse("the WorkerCluster changed its enrollment token or identity meanwhile", p.fp)
+		}
+		wc = cur
+	}
+}
+
+// redeemOnce judges and records one redemption on wc as read. A conflict error means wc
+// was not the current version.
+func (s *Server) redeemOnce(ctx context.Context, wc *v1alpha1.WorkerCluster, p presented, token secrets.Hash) (*admitted, error) {
 	if e := wc.Status.Enrollment; e != nil && e.TokenHash == wc.Spec.EnrollmentTokenHash {
-		return nil, refuse(fmt.Sprintf("the enrollment token was already redeemed at %s", e.RedeemedAt.UTC().Format(time.RFC3339)), fp)
+		return s.redeemAgain(ctx, wc, p, e)
+	}
+	recorded, err := s.redeemedBefore(ctx, wc, token)
+	if err != nil {
+		return nil, err
+	}
+	if recorded {
+		return nil, refuse(fmt.Sprintf("the enrollment token was already redeemed for WorkerCluster %s/%s (the record of redeemed tokens, Secret %s, outlives the cluster's removal from the fleet); a redeemed token is never accepted again: give the cluster a new one with `flotilla cluster rotate-token %s`",
+			wc.Namespace, wc.Name, RecordSecretName(wc.Name), wc.Name), p.fp)
 	}
 	cred, err := secrets.NewToken()
 	if err != nil {
@@ -159,62 +253,119 @@ func (s *Server) redeem(ctx context.Context, wc *v1alpha1.WorkerCluster, present
 	}
 	if err := s.opts.Client.Status().Patch(ctx, wc, patch); err != nil {
 		if apierrors.IsConflict(err) {
-			return nil, refuse("another connection redeemed the enrollment token first", fp)
+			*wc = *before
+			return nil, err
 		}
 		return nil, fmt.Errorf("recording the redemption on WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
-	if err := s.writeCredential(ctx, wc, cred.Hash(), secrets.Hash{}); err != nil {
+	if err := s.writeCredential(ctx, wc, credentialHashes{current: cred.Hash(), redemptionKey: p.keyHash}); err != nil {
 		// Without a stored credential hash the agent could never connect again: give the
 		// token back so that its next attempt can redeem it.
 		undo := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		wc.Status.Enrollment = before.Status.Enrollment
 		if uerr := s.opts.Client.Status().Patch(ctx, wc, undo); uerr != nil {
-			s.opts.Log.Error("undoing a redemption whose credential could not be stored", "identity", wc.Labels[v1alpha1.WorkerClusterLabel], "fingerprint", fp, "error", uerr)
+			s.opts.Log.Error("undoing a redemption whose credential could not be stored", "identity", p.identity, "fingerprint", p.fp, "error", uerr)
 		}
 		return nil, err
 	}
-	return &admitted{wc: wc, credential: cred, fingerprint: fp}, nil
+	// The status already refuses the token while this WorkerCluster lives; the record
+	// is for after its removal, which records it again, so a failure here is not the
+	// agent's to pay for.
+	if err := recordRedeemed(ctx, s.opts.Client, wc, token); err != nil {
+		s.opts.Log.Error("recording the redeemed enrollment token", "workerCluster", wc.Namespace+"/"+wc.Name, "fingerprint", p.fp, "error", err)
+	}
+	return &admitted{wc: wc, credential: cred, fingerprint: p.fp}, nil
 }
 
-func (s *Server) checkCredential(ctx context.Context, wc *v1alpha1.WorkerCluster, presented, fp string) (*admitted, error) {
+// redeemAgain answers a token that this WorkerCluster already redeemed: refused, unless
+// it comes with the redemption key it was redeemed with, within the retry window. Then
+// the first answer was lost, and the agent gets a fresh credential in place of the one
+// it never received.
+func (s *Server) redeemAgain(ctx context.Context, wc *v1alpha1.WorkerCluster, p presented, e *v1alpha1.Enrollment) (*admitted, error) {
+	redeemed := fmt.Sprintf("the enrollment token was already redeemed at %s", e.RedeemedAt.UTC().Format(time.RFC3339))
+	if p.keyHash.IsZero() {
+		return nil, refuse(redeemed, p.fp)
+	}
+	if age := s.opts.Now().Sub(e.RedeemedAt.Time); age > s.opts.RedemptionRetryWindow {
+		return nil, refuse(fmt.Sprintf("%s, longer ago than a redemption may be repeated (%s)", redeemed, s.opts.RedemptionRetryWindow), p.fp)
+	}
 	var sec corev1.Secret
-	err := s.opts.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: CredentialSecretName(wc.Name)}, &sec)
+	err := s.opts.Reader.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: CredentialSecretName(wc.Name)}, &sec)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("reading the credential of WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
+	}
+	stored, _ := secrets.ParseHash(string(sec.Data[redemptionKeyHashKey]))
+	if stored.IsZero() || !stored.Equal(p.keyHash) {
+		return nil, refuse(redeemed+", with another redemption key or by an agent that has since connected", p.fp)
+	}
+	cred, err := secrets.NewToken()
+	if err != nil {
+		return nil, err
+	}
+	now := metav1.NewTime(s.opts.Now())
+	before := wc.DeepCopy()
+	patch := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	wc.Status.Enrollment.CredentialFingerprint = cred.Hash().Fingerprint()
+	wc.Status.Enrollment.CredentialIssuedAt = &now
+	if err := s.opts.Client.Status().Patch(ctx, wc, patch); err != nil {
+		if apierrors.IsConflict(err) {
+			*wc = *before
+			return nil, err
+		}
+		return nil, fmt.Errorf("recording the repeated redemption on WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
+	}
+	if err := s.writeCredential(ctx, wc, credentialHashes{current: cred.Hash(), redemptionKey: p.keyHash}); err != nil {
+		return nil, err
+	}
+	return &admitted{wc: wc, credential: cred, fingerprint: p.fp, again: true}, nil
+}
+
+func (s *Server) checkCredential(ctx context.Context, wc *v1alpha1.WorkerCluster, p presented) (*admitted, error) {
+	var sec corev1.Secret
+	err := s.opts.Reader.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: CredentialSecretName(wc.Name)}, &sec)
 	if apierrors.IsNotFound(err) {
-		return nil, refuse("no credential was issued (revoked, or never enrolled)", fp)
+		return nil, refuse("no credential was issued (revoked, or never enrolled)", p.fp)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading the credential of WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
 	current, _ := secrets.ParseHash(string(sec.Data[credentialHashKey]))
 	pending, _ := secrets.ParseHash(string(sec.Data[pendingHashKey]))
-	if !current.IsZero() && secrets.Verify(presented, current) == nil {
-		return &admitted{wc: wc, fingerprint: fp}, nil
-	}
-	if !pending.IsZero() && secrets.Verify(presented, pending) == nil {
+	h := p.token.Hash()
+	switch {
+	case !current.IsZero() && h.Equal(current):
+		return &admitted{wc: wc, fingerprint: p.fp}, nil
+	case !pending.IsZero() && h.Equal(pending):
 		// The agent stored the rotated credential, and the confirmation was lost.
-		if err := s.writeCredential(ctx, wc, pending, secrets.Hash{}); err != nil {
+		if err := s.writeCredential(ctx, wc, credentialHashes{current: pending}); err != nil {
 			return nil, err
 		}
-		return &admitted{wc: wc, fingerprint: fp}, nil
+		return &admitted{wc: wc, fingerprint: p.fp}, nil
+	case current.IsZero():
+		return nil, refuse("no credential is in force (revoked)", p.fp)
 	}
-	if err := secrets.Verify(presented, current); errors.Is(err, secrets.ErrTokenMismatch) || current.IsZero() {
-		return nil, refuse("the credential does not match the one issued", fp)
-	} else {
-		return nil, refuse(err.Error(), fp)
-	}
+	return nil, refuse("the credential does not match the one issued", p.fp)
 }
 
-// writeCredential makes the credential Secret hold current and, when not zero, pending.
-func (s *Server) writeCredential(ctx context.Context, wc *v1alpha1.WorkerCluster, current, pending secrets.Hash) error {
-	data := map[string][]byte{credentialHashKey: []byte(current.String())}
-	if !pending.IsZero() {
-		data[pendingHashKey] = []byte(pending.String())
+// credentialHashes is what the credential Secret holds; zero hashes are left out.
+type credentialHashes struct {
+	current, pending, redemptionKey secrets.Hash
+}
+
+// writeCredential makes the credential Secret hold h.
+func (s *Server) writeCredential(ctx context.Context, wc *v1alpha1.WorkerCluster, h credentialHashes) error {
+	data := map[string][]byte{credentialHashKey: []byte(h.current.String())}
+	if !h.pending.IsZero() {
+		data[pendingHashKey] = []byte(h.pending.String())
+	}
+	if !h.redemptionKey.IsZero() {
+		data[redemptionKeyHashKey] = []byte(h.redemptionKey.String())
 	}
 	sec := corev1ac.Secret(CredentialSecretName(wc.Name), wc.Namespace).
 		WithLabels(map[string]string{v1alpha1.WorkerClusterLabel: wc.Labels[v1alpha1.WorkerClusterLabel]}).
 		WithType(corev1.SecretTypeOpaque).
 		WithData(data)
-	// Apply replaces what this manager owns whole: a pending hash not named here is dropped.
+	// Apply replaces what this manager owns whole: a hash not named here is dropped.
 	if err := s.opts.Client.Apply(ctx, sec, client.FieldOwner(fieldManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("writing the credential of WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}

@@ -5,7 +5,28 @@
 //
 // What the hub learns lives in the hub cluster, in the WorkerCluster's status and in a
 // Secret holding the credential's hash; the tunnel keeps nothing else between
-// connections, so a restarted hub picks up where it left off.
+// connections, so a restarted hub picks up where it left off. A second small Secret
+// per cluster (RecordSecretName) records the enrollment tokens it redeemed and
+// outlives the cluster's removal ([Revoke]), so that a spent token stays spent.
+//
+// # Hostile peers
+//
+// Anyone who can reach the endpoint can send requests. Authentication checks the shape
+// of what is presented (a token's prefix, length and checksum, the identity's form)
+// before it looks anything up, and looks up only through Options.Reader, an informer
+// cache in the hub: a refused request costs the hub cluster's API nothing, however
+// many arrive, and none of them delays an agent whose secret is valid. Refusals are
+// logged at a bounded rate.
+//
+// Until its hello, a connection may send no message over protocol.MaxHelloSize. Every
+// write to an agent has a deadline (Options.WriteTimeout): an agent that stops reading
+// is disconnected, and its WorkerCluster says so (Connected False, SendTimeout). The
+// hub hands desired states to a connection's writer and returns ([Server.Push]): a
+// stuck agent never holds up the hub's reconcile, and a newer state replaces one not
+// yet sent.
+//
+// A redemption whose answer was lost can be repeated by the agent that made it, with
+// the redemption key it sent (see agent/protocol), within RedemptionRetryWindow.
 package tunnel
 
 import (
@@ -39,8 +60,15 @@ type DesiredStates interface {
 // Options configure a Server.
 type Options struct {
 	// Client reads and writes WorkerClusters and credential Secrets on the hub cluster.
-	Client  client.Client
-	Desired DesiredStates
+	Client client.Client
+	// Reader is where authentication reads WorkerClusters and the tunnel's Secrets
+	// (those labelled v1alpha1.WorkerClusterLabel): an informer-backed cache in the
+	// hub, so that a request that fails to authenticate costs no API call. Writes, and
+	// reads that follow a valid secret, go through Client. Defaults to Client.
+	Reader client.Reader
+	// IdentityIndexed says that Reader has the index of IndexIdentities.
+	IdentityIndexed bool
+	Desired         DesiredStates
 	// Liveness of the tunnels; defaults to protocol.DefaultLiveness.
 	Liveness protocol.Liveness
 	// AllowInsecureLoopback accepts plain ws:// from loopback addresses, for a hub and
@@ -56,6 +84,14 @@ type Options struct {
 	LastSeenEvery time.Duration
 	// HandshakeTimeout bounds the time from upgrade to the agent's hello.
 	HandshakeTimeout time.Duration
+	// WriteTimeout bounds the sending of one message to an agent: an agent that takes
+	// nothing for that long is disconnected and recorded as such (SendTimeout).
+	// Default 30 seconds.
+	WriteTimeout time.Duration
+	// RedemptionRetryWindow is how long after a redemption the agent that made it may
+	// repeat it, with the same redemption key, should the answer have been lost.
+	// Default 5 minutes.
+	RedemptionRetryWindow time.Duration
 	// OnStatus, when set, is called after the tunnel changed a WorkerCluster's status, so
 	// the hub can sum the conditions up and report them.
 	OnStatus func(ctx context.Context, key client.ObjectKey)
@@ -72,6 +108,7 @@ type Options struct {
 type Server struct {
 	opts     Options
 	upgrader websocket.Upgrader
+	refusals logBudget
 
 	mu       sync.Mutex
 	sessions map[string]*session // by identity
@@ -98,6 +135,15 @@ func New(opts Options) (*Server, error) {
 	if opts.HandshakeTimeout <= 0 {
 		opts.HandshakeTimeout = 10 * time.Second
 	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = 30 * time.Second
+	}
+	if opts.RedemptionRetryWindow <= 0 {
+		opts.RedemptionRetryWindow = 5 * time.Minute
+	}
+	if opts.Reader == nil {
+		opts.Reader = opts.Client
+	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -121,9 +167,14 @@ func New(opts Options) (*Server, error) {
 
 // ServeHTTP authenticates the upgrade request and runs the tunnel until it ends.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	log := s.opts.Log.With("identity", r.Header.Get(protocol.HeaderIdentity), "remote", r.RemoteAddr)
+	identity := r.Header.Get(protocol.HeaderIdentity)
+	if !validIdentity(identity) {
+		// Whatever a hostile client put there stays out of the log.
+		identity = ""
+	}
+	log := s.opts.Log.With("identity", identity, "remote", r.RemoteAddr)
 	if r.TLS == nil && !(s.opts.AllowInsecureLoopback && loopback(r.RemoteAddr)) {
-		log.Warn("agent refused: plain HTTP is only accepted from loopback, when allowed")
+		s.logRefusal(log, slog.LevelWarn, "agent refused: plain HTTP is only accepted from loopback, when allowed")
 		http.Error(w, "the tunnel requires TLS (wss://)", http.StatusForbidden)
 		return
 	}
@@ -133,33 +184,46 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "missing or malformed "+protocol.HeaderProtocol+" header", http.StatusBadRequest)
 		return
 	case v > protocol.ProtocolVersion:
-		log.Warn("agent refused: newer protocol", "version", v)
+		s.logRefusal(log, slog.LevelWarn, "agent refused: newer protocol", "version", v)
 		http.Error(w, fmt.Sprintf("protocol version %d is newer than this hub speaks (%d): upgrade the hub, or run an agent of the hub's version", v, protocol.ProtocolVersion), http.StatusBadRequest)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.opts.HandshakeTimeout)
+	// A client that hangs up does not cut a redemption short between its writes: it
+	// completes, and the agent can repeat it with its redemption key.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.opts.HandshakeTimeout)
 	adm, err := s.authenticate(ctx, r)
 	cancel()
 	if err != nil {
 		var ref *refusal
 		if errors.As(err, &ref) {
-			log.Warn("agent refused", "auth", r.Header.Get(protocol.HeaderAuth), "reason", ref.Reason, "fingerprint", ref.Fingerprint)
+			s.logRefusal(log, slog.LevelWarn, "agent refused", "auth", authKind(r), "reason", ref.Reason, "fingerprint", ref.Fingerprint)
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
-		log.Error("agent not admitted: hub fault", "error", err)
+		s.logRefusal(log, slog.LevelError, "agent not admitted: hub fault", "error", err)
 		http.Error(w, "the hub cannot admit agents right now", http.StatusServiceUnavailable)
 		return
 	}
 	hdr := http.Header{}
 	if !adm.credential.IsZero() {
 		hdr.Set(protocol.HeaderCredential, adm.credential.Reveal())
-		log.Info("enrollment token redeemed", "fingerprint", adm.fingerprint, "credential", adm.credential.Hash().Fingerprint())
+		if adm.again {
+			log.Info("enrollment token presented again with its redemption key: the first answer was lost; a fresh credential replaces the one issued then", "fingerprint", adm.fingerprint, "credential", adm.credential.Hash().Fingerprint())
+		} else {
+			log.Info("enrollment token redeemed", "fingerprint", adm.fingerprint, "credential", adm.credential.Hash().Fingerprint())
+		}
 	}
 	ws, err := s.upgrader.Upgrade(w, r, hdr)
 	if err != nil {
 		// The upgrader answered the client already.
 		log.Warn("upgrade failed", "error", err)
+		return
+	}
+	// The HTTP server's read timeout bounds the upgrade request; the tunnel it became
+	// stays open for as long as its heartbeats say it is alive.
+	if err := ws.NetConn().SetDeadline(time.Time{}); err != nil {
+		_ = ws.Close()
+		log.Warn("clearing the upgrade request's deadlines", "error", err)
 		return
 	}
 	ws.SetReadLimit(int64(protocol.MaxMessageSize) + 1024)
@@ -170,9 +234,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sess := &session{srv: s, tunnel: t, wc: adm.wc, identity: adm.wc.Labels[v1alpha1.WorkerClusterLabel], log: log.With("workerCluster", adm.wc.Namespace+"/"+adm.wc.Name)}
+	if !adm.credential.IsZero() {
+		sess.issued = adm.credential.Hash()
+	}
 	// The session outlives this handler: returning lets net/http drop the request and
 	// its connection buffers, which an idle tunnel would otherwise keep for its life.
 	go sess.run(context.WithoutCancel(r.Context()))
+}
+
+// authKind is the request's Flotilla-Auth for the log, when it is one the hub knows.
+func authKind(r *http.Request) string {
+	switch k := r.Header.Get(protocol.HeaderAuth); k {
+	case protocol.AuthEnrollment, protocol.AuthCredential:
+		return k
+	}
+	return ""
 }
 
 func loopback(remote string) bool {
@@ -184,14 +260,17 @@ func loopback(remote string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// Push sends the current desired state to the identity's agent, when connected; it
-// reports whether one was connected.
+// Push hands the current desired state to the identity's agent, when connected, and
+// reports whether one was. It does not wait for the network: the connection's writer
+// sends the state, and a newer one pushed before it went out replaces it. An agent
+// that does not take it within WriteTimeout is disconnected. The error is the
+// DesiredStates source's.
 func (s *Server) Push(ctx context.Context, identity string) (bool, error) {
 	sess := s.session(identity)
 	if sess == nil {
 		return false, nil
 	}
-	return true, sess.sendDesired(ctx)
+	return true, sess.queueDesired(ctx)
 }
 
 // Connected reports whether the identity's agent has a live tunnel.

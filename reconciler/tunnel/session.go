@@ -24,9 +24,12 @@ import (
 
 // Condition reasons the tunnel sets.
 const (
-	ReasonEnrolled        = "Enrolled"
-	ReasonTunnelUp        = "TunnelUp"
-	ReasonTunnelDown      = "TunnelDown"
+	ReasonEnrolled   = "Enrolled"
+	ReasonTunnelUp   = "TunnelUp"
+	ReasonTunnelDown = "TunnelDown"
+	// ReasonSendTimeout: the hub disconnected an agent that took nothing it sent for
+	// Options.WriteTimeout.
+	ReasonSendTimeout     = "SendTimeout"
 	ReasonApplied         = "Applied"
 	ReasonAdoptionRefused = "AdoptionRefused"
 	ReasonApplyFailed     = "ApplyFailed"
@@ -42,6 +45,11 @@ type session struct {
 	identity string
 	log      *slog.Logger
 	replaced atomic.Bool
+	// issued is the credential issued by the redemption that opened this tunnel, if
+	// one did: the agent's hello shows that the answer arrived.
+	issued secrets.Hash
+	// stuck is set when a write to the agent timed out and the hub closed the tunnel.
+	stuck atomic.Bool
 
 	mu            sync.Mutex
 	lastSeenSaved time.Time
@@ -49,6 +57,11 @@ type session struct {
 	sent          string        // hash of the desired state sent last
 	timers        []*time.Timer
 	closed        bool
+	// next is the desired state waiting for the writer; a newer one replaces it.
+	next *protocol.DesiredState
+	// writing is set while a writer goroutine drains next. There is none while nothing
+	// waits, so an idle session costs no stack for it.
+	writing bool
 }
 
 func (s *session) run(ctx context.Context) {
@@ -61,9 +74,16 @@ func (s *session) run(ctx context.Context) {
 		return
 	}
 	s.conn = protocol.NewConn(stream)
+	s.conn.SetWriteTimeout(s.srv.opts.WriteTimeout)
+	// Until the agent says who it is, it gets no room for more than a hello.
+	s.conn.SetMaxMessageSize(protocol.MaxHelloSize)
 	_ = stream.SetReadDeadline(time.Now().Add(s.srv.opts.HandshakeTimeout))
 	_, body, err := s.conn.Receive()
 	hello, ok := body.(*protocol.Hello)
+	if errors.Is(err, protocol.ErrTooLarge) {
+		s.log.Warn("closing the tunnel: the agent's first message is larger than a hello may be", "cap", protocol.MaxHelloSize, "error", err)
+		return
+	}
 	if err != nil || !ok {
 		s.log.Warn("the agent sent no hello", "error", err)
 		_ = s.conn.Send(protocol.TypeError, &protocol.Error{Code: protocol.CodeMalformed, Message: "the first message must be a hello"})
@@ -75,18 +95,22 @@ func (s *session) run(ctx context.Context) {
 		return
 	}
 	_ = stream.SetReadDeadline(time.Time{})
+	s.conn.SetMaxMessageSize(protocol.MaxMessageSize)
 
 	s.srv.register(s)
 	s.log.Info("agent connected", "agentVersion", hello.AgentVersion, "kubernetesVersion", hello.KubernetesVersion, "appliedHash", hello.AppliedHash)
 	defer s.stop(ctx)
+	if err := s.forgetRedemptionKey(ctx); err != nil {
+		s.log.Error("forgetting the redemption key", "error", err)
+	}
 	if err := s.connected(ctx, hello); err != nil {
 		s.log.Error("recording the connection", "error", err)
 	}
-	if err := s.sendDesired(ctx); err != nil {
+	if err := s.queueDesired(ctx); err != nil {
 		s.log.Error("sending the desired state", "error", err)
 	}
 	s.every(s.srv.opts.ResyncEvery, func() {
-		if err := s.sendDesired(ctx); err != nil {
+		if err := s.queueDesired(ctx); err != nil {
 			s.log.Error("resending the desired state", "error", err)
 		}
 	})
@@ -101,10 +125,10 @@ func (s *session) run(ctx context.Context) {
 		if err != nil {
 			if protocol.Recoverable(err) {
 				s.log.Warn("refused a message from the agent", "error", err)
-				_ = s.conn.Send(protocol.TypeError, protocol.RefusalFor(err))
+				_ = s.send(protocol.TypeError, protocol.RefusalFor(err))
 				continue
 			}
-			if !errors.Is(err, io.EOF) && !s.replaced.Load() {
+			if !errors.Is(err, io.EOF) && !s.replaced.Load() && !s.stuck.Load() {
 				s.log.Info("tunnel closed", "error", err)
 			}
 			return
@@ -113,6 +137,29 @@ func (s *session) run(ctx context.Context) {
 			s.log.Error("handling a message from the agent", "error", err)
 		}
 	}
+}
+
+// forgetRedemptionKey drops the redemption key's hash once the agent has said hello:
+// it holds its credential, so the redemption is not to be repeated, by it or by anyone
+// who learnt its key.
+func (s *session) forgetRedemptionKey(ctx context.Context) error {
+	if !s.issued.IsZero() {
+		// Just redeemed on this connection: the cache may not show the key yet.
+		return s.srv.writeCredential(ctx, s.wc, credentialHashes{current: s.issued})
+	}
+	var sec corev1.Secret
+	if err := s.srv.opts.Reader.Get(ctx, client.ObjectKey{Namespace: s.wc.Namespace, Name: CredentialSecretName(s.wc.Name)}, &sec); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if _, ok := sec.Data[redemptionKeyHashKey]; !ok {
+		return nil
+	}
+	current, _ := secrets.ParseHash(string(sec.Data[credentialHashKey]))
+	pending, _ := secrets.ParseHash(string(sec.Data[pendingHashKey]))
+	if current.IsZero() {
+		return nil // revoked meanwhile: nothing to keep
+	}
+	return s.srv.writeCredential(ctx, s.wc, credentialHashes{current: current, pending: pending})
 }
 
 func (s *session) handle(ctx context.Context, body any) error {
@@ -129,7 +176,18 @@ func (s *session) handle(ctx context.Context, body any) error {
 		s.log.Warn("the agent refused a message", "code", m.Code, "message", m.Message)
 		return nil
 	}
-	return s.conn.Send(protocol.TypeError, &protocol.Error{Code: protocol.CodeUnknownType, Message: fmt.Sprintf("%T is not a message an agent sends", body)})
+	return s.send(protocol.TypeError, &protocol.Error{Code: protocol.CodeUnknownType, Message: fmt.Sprintf("%T is not a message an agent sends", body)})
+}
+
+// send writes one message, within WriteTimeout. An agent that took nothing for that
+// long is stuck: its tunnel is closed, and stop records why.
+func (s *session) send(typ string, body any) error {
+	err := s.conn.Send(typ, body)
+	if err != nil && protocol.IsWriteTimeout(err) && s.stuck.CompareAndSwap(false, true) {
+		s.log.Warn("disconnecting the agent: it took nothing the hub sent", "message", typ, "writeTimeout", s.srv.opts.WriteTimeout)
+		_ = s.tunnel.Close()
+	}
+	return err
 }
 
 // every runs f every d until the session stops; a timer, not a goroutine, so an idle
@@ -159,21 +217,32 @@ func (s *session) stop(ctx context.Context) {
 	if !s.srv.unregister(s) || s.srv.closing.Load() {
 		return // a newer connection of the identity owns the status now, or the hub leaves
 	}
-	s.log.Info("agent disconnected")
 	now := metav1.NewTime(s.srv.opts.Now())
+	reason := ReasonTunnelDown
+	msg := fmt.Sprintf("the agent disconnected at %s; the worker keeps its last applied state", now.UTC().Format(time.RFC3339))
+	switch {
+	case s.stuck.Load():
+		reason = ReasonSendTimeout
+		msg = fmt.Sprintf("the hub disconnected the agent at %s: it took nothing the hub sent for %s (a stuck agent, or a network that drops its traffic); the worker keeps its last applied state",
+			now.UTC().Format(time.RFC3339), s.srv.opts.WriteTimeout)
+	case s.tunnel.WriteTimedOut():
+		reason = ReasonSendTimeout
+		msg = fmt.Sprintf("the hub disconnected the agent at %s: its connection stopped taking data (a stuck agent, or a network that drops its traffic); the worker keeps its last applied state",
+			now.UTC().Format(time.RFC3339))
+	}
+	s.log.Info("agent disconnected", "reason", reason)
 	err := s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) {
 		wc.Status.LastSeen = &now
-		setCondition(wc, v1alpha1.ConditionConnected, metav1.ConditionFalse, ReasonTunnelDown,
-			fmt.Sprintf("the agent disconnected at %s; the worker keeps its last applied state", now.UTC().Format(time.RFC3339)))
+		setCondition(wc, v1alpha1.ConditionConnected, metav1.ConditionFalse, reason, msg)
 	})
 	if err != nil {
 		s.log.Error("recording the disconnection", "error", err)
 	}
 }
 
-// sendDesired sends the whole desired state. It writes nothing to the hub cluster: the
-// hash sent is recorded with the agent's report of applying it.
-func (s *session) sendDesired(ctx context.Context) error {
+// queueDesired hands the current desired state to the writer. It reads the hub's
+// DesiredStates and nothing on the network, so the caller never waits for the agent.
+func (s *session) queueDesired(ctx context.Context) error {
 	ds, err := s.srv.opts.Desired.Desired(ctx, s.wc)
 	if err != nil {
 		return fmt.Errorf("desired state of WorkerCluster %s/%s: %w", s.wc.Namespace, s.wc.Name, err)
@@ -182,9 +251,36 @@ func (s *session) sendDesired(ctx context.Context) error {
 		return nil // nothing to send yet
 	}
 	s.mu.Lock()
-	s.sent = ds.Hash
+	s.next = ds
+	start := !s.writing && !s.closed
+	if start {
+		s.writing = true
+	}
 	s.mu.Unlock()
-	return s.conn.Send(protocol.TypeDesired, ds)
+	if start {
+		go s.write()
+	}
+	return nil
+}
+
+// write sends the waiting desired state until none waits. It writes nothing to the hub
+// cluster: the hash sent is recorded with the agent's report of applying it.
+func (s *session) write() {
+	for {
+		s.mu.Lock()
+		ds := s.next
+		s.next = nil
+		if ds == nil || s.closed {
+			s.writing = false
+			s.mu.Unlock()
+			return
+		}
+		s.sent = ds.Hash
+		s.mu.Unlock()
+		if err := s.send(protocol.TypeDesired, ds); err != nil {
+			s.log.Warn("sending the desired state", "hash", ds.Hash, "error", err)
+		}
+	}
 }
 
 func (s *session) connected(ctx context.Context, hello *protocol.Hello) error {
@@ -299,14 +395,14 @@ func (s *session) rotate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.srv.writeCredential(ctx, s.wc, current, cred.Hash()); err != nil {
+	if err := s.srv.writeCredential(ctx, s.wc, credentialHashes{current: current, pending: cred.Hash()}); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.pending = cred
 	s.mu.Unlock()
 	s.log.Info("rotating the agent credential", "credential", cred.Hash().Fingerprint())
-	return s.conn.Send(protocol.TypeRotateCredential, &protocol.RotateCredential{Credential: protocol.Secret(cred.Reveal())})
+	return s.send(protocol.TypeRotateCredential, &protocol.RotateCredential{Credential: protocol.Secret(cred.Reveal())})
 }
 
 func (s *session) currentCredential(ctx context.Context) (secrets.Hash, error) {
@@ -324,7 +420,7 @@ func (s *session) credentialStored(ctx context.Context, m *protocol.CredentialSt
 	if pending.IsZero() || pending.Hash().Fingerprint() != m.Fingerprint {
 		return fmt.Errorf("the agent confirmed credential %q, which is not the one sent", m.Fingerprint)
 	}
-	if err := s.srv.writeCredential(ctx, s.wc, pending.Hash(), secrets.Hash{}); err != nil {
+	if err := s.srv.writeCredential(ctx, s.wc, credentialHashes{current: pending.Hash()}); err != nil {
 		return err
 	}
 	s.mu.Lock()

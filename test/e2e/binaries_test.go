@@ -139,7 +139,7 @@ sources:
 	repo.SetRef("refs/pull/1/head", "add-gpu-p")
 	planned := f.waitStatus(branchHead, "flotilla/plan", status.Success, "+1 cluster")
 	// The plan's link is the page a reviewer opens: gpu-p's rendered objects, added.
-	if want := "http://" + httpAddr + "/plans/" + branchHead; planned.TargetURL != want {
+	if want := "http://" + httpAddr + "/plans/procs/" + branchHead; planned.TargetURL != want {
 		t.Fatalf("the plan links to %q, want %q", planned.TargetURL, want)
 	}
 	if page, code := get(t, planned.TargetURL); code != http.StatusOK || !strings.Contains(page, "gpu-p") || !strings.Contains(page, "ClusterQueue") {

@@ -32,6 +32,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/secrets"
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
+	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
 // planes[0] is the hub, planes[1] and planes[2] are workers.
@@ -310,21 +311,8 @@ func runAgent(t testing.TB, c *fleetCase, h *hubServer, withToken bool, mod func
 	return stop, log
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t testing.TB, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(45 * time.Second)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		last = why
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not reached in time; last: %s", what, last)
-}
+// eventually waits for cond, as every test of the package does.
+var eventually = poll.Until
 
 func condition(wc *v1alpha1.WorkerCluster, typ string) *metav1.Condition {
 	for i := range wc.Status.Conditions {

@@ -122,16 +122,59 @@ type fleetRepo struct {
 	ns      string
 	ids     *secrets.Identities
 	stopRun func()
+	prs     *openPRs
 
 	syncMu     sync.Mutex
 	syncs      []time.Duration // how long each sync that found a new head took
 	reconciles []time.Duration // how long each changed cluster's reconcile took
 }
 
-// openPRs is the forge's word on which pull requests are open.
-type openPRs map[int]bool
+// openPRs is the forge's word on which pull requests into main are open. A test can
+// hold it, as a forge that does not answer would: the hub's plan worker then waits in
+// it until released.
+type openPRs struct {
+	open map[int]bool
 
-func (o openPRs) OpenPullRequests(context.Context) (map[int]bool, error) { return o, nil }
+	mu      sync.Mutex
+	gate    chan struct{} // closed to release; nil when not held
+	entered chan struct{} // receives each time a listing waits at the gate
+}
+
+func (o *openPRs) OpenPullRequests(ctx context.Context, base string) (map[int]bool, error) {
+	o.mu.Lock()
+	gate, entered := o.gate, o.entered
+	o.mu.Unlock()
+	if gate != nil {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if base != "main" {
+		return nil, nil
+	}
+	return o.open, nil
+}
+
+// hold makes listings wait until release is called; entered receives once a listing
+// waits.
+func (o *openPRs) hold() (entered <-chan struct{}, release func()) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	gate, in := make(chan struct{}), make(chan struct{}, 1)
+	o.gate, o.entered = gate, in
+	return in, func() {
+		o.mu.Lock()
+		o.gate = nil
+		o.mu.Unlock()
+		close(gate)
+	}
+}
 
 // startHub starts a hub, with nothing in memory, following the repository and serving
 // tunnels on l.
@@ -154,7 +197,7 @@ func (f *fleetRepo) startHub(l net.Listener) {
 	h.opts = tunnel.Options{Client: hub(), Desired: hb, OnStatus: hb.OnStatus, Resolve: hb.Resolve, Liveness: fast, AllowInsecureLoopback: true, Log: h.log.logger()}
 	h.serve(l)
 	hb.Attach(h.srv)
-	f.src, err = hb.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: f.repo.URL(), Branch: "main"}, Tenant: f.tenant, Namespace: f.ns, Statuses: f.notes, Poll: time.Hour, PullRequests: openPRs{1: true, 2: true}})
+	f.src, err = hb.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: f.repo.URL(), Branch: "main"}, Tenant: f.tenant, Namespace: f.ns, Statuses: f.notes, Poll: time.Hour, PullRequests: f.prs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +226,7 @@ func newFleetRepo(t testing.TB, tenant string) *fleetRepo {
 	t.Helper()
 	ctx := t.Context()
 	id := sopstest.NewIdentity(t)
-	f := &fleetRepo{t: t, dir: filepath.Join(t.TempDir(), "fleet"), tenant: tenant, ns: "tenant-" + tenant}
+	f := &fleetRepo{t: t, dir: filepath.Join(t.TempDir(), "fleet"), tenant: tenant, ns: "tenant-" + tenant, prs: &openPRs{open: map[int]bool{1: true, 2: true}}}
 	if err := hub().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}}); err != nil {
 		t.Fatal(err)
 	}
@@ -481,6 +524,11 @@ func TestHubFaultsAndKeptDecommission(t *testing.T) {
 	t.Run("a hub fault is an error on the commit, retried without a new commit", func(t *testing.T) {
 		st := f.waitStatus(added, "flotilla/gpu-k", status.Error, "hub error")
 		t.Logf("error: %s", st.Description)
+		// Everyone who reads the repository reads the status: the kind of fault, not
+		// the hub cluster's own words.
+		if !strings.Contains(st.Description, "the hub cluster refused a write; see the hub's log") || strings.Contains(st.Description, "frozen") {
+			t.Errorf("the status of a hub fault is %q, want its kind without the API server's message", st.Description)
+		}
 		if err := hub().Delete(ctx, binding); err != nil {
 			t.Fatal(err)
 		}
@@ -497,13 +545,32 @@ func TestHubFaultsAndKeptDecommission(t *testing.T) {
 
 	t.Run("decommission: Keep revokes the agent and leaves the worker's objects", func(t *testing.T) {
 		_, keep := f.edited(t, "fleet.yaml", "decommission: Prune", "decommission: Keep")
-		change := map[string][]byte{"fleet.yaml": keep}
+		kept := f.repo.Commit("main", "keep what workers have", map[string][]byte{"fleet.yaml": keep})
+		f.src.Trigger()
+		f.waitStatus(kept, "flotilla/fleet", status.Success, "1 of 1")
+
+		// The removal arrives with a fleet.yaml that does not validate: the policy
+		// cannot be read, so nothing is decommissioned, and the fleet says why.
+		broken := []byte(strings.Replace(string(keep), "decommission: Keep", "decommission: Keep\n  decommision: Prune", 1))
+		change := map[string][]byte{"fleet.yaml": broken}
 		for p := range readDir(t, f.dir, "clusters/gpu-k") {
 			change[p] = nil
 		}
-		removed := f.repo.Commit("main", "hand gpu-k over", change)
+		removed := f.repo.Commit("main", "hand gpu-k over, with a typo", change)
 		f.src.Trigger()
-		f.waitStatus(removed, "flotilla/gpu-k", status.Success, "Keep")
+		f.waitStatus(removed, "flotilla/fleet", status.Failure, "1 removal waits until the fleet validates")
+		f.waitStatus(removed, "flotilla/gpu-k", status.Pending, "removal waits")
+		var wc v1alpha1.WorkerCluster
+		if err := hub().Get(ctx, types.NamespacedName{Namespace: f.ns, Name: "gpu-k"}, &wc); err != nil || wc.Annotations[v1alpha1.DecommissionAnnotation] != "" {
+			t.Fatalf("under a broken fleet.yaml the WorkerCluster was decommissioned: %v %v", err, wc.Annotations)
+		}
+		if !f.tunnel.srv.Connected(v.Cluster.Identity) {
+			t.Fatal("under a broken fleet.yaml the agent was revoked")
+		}
+
+		fixed := f.repo.Commit("main", "fix the typo", map[string][]byte{"fleet.yaml": keep})
+		f.src.Trigger()
+		f.waitStatus(fixed, "flotilla/gpu-k", status.Success, "Keep")
 		eventually(t, "the WorkerCluster gone", func() (bool, string) {
 			err := hub().Get(ctx, types.NamespacedName{Namespace: f.ns, Name: "gpu-k"}, &v1alpha1.WorkerCluster{})
 			return err != nil, "still there"
@@ -520,6 +587,51 @@ func TestHubFaultsAndKeptDecommission(t *testing.T) {
 		// this shared worker.
 		t.Cleanup(func() { deleteOwned(v.Cluster.Identity) })
 	})
+}
+
+// A pull request's plan runs beside the branch: while the plan worker waits on a forge
+// that does not answer, a merge still turns green, and the plan follows once the forge
+// answers.
+func TestPlansNeverHoldUpTheBranch(t *testing.T) {
+	f := newFleetRepo(t, "plans")
+	v, added := f.addCluster("main", "gpu-h")
+	f.src.Trigger()
+	stop := f.startAgent(v)
+	defer stop()
+	// The worker is shared by the package's tests: what this cluster applied would stand
+	// in the way of the next one's.
+	t.Cleanup(func() { deleteOwned(v.Cluster.Identity) })
+	f.waitStatus(added, "flotilla/gpu-h", status.Success, "ready")
+
+	entered, release := f.prs.hold()
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+	f.repo.Branch("main", "add-gpu-i")
+	_, prHead := f.addCluster("add-gpu-i", "gpu-i")
+	f.repo.SetRef("refs/pull/1/head", "add-gpu-i")
+	f.src.Trigger()
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		t.Fatal("the plan worker never asked the forge for open pull requests")
+	}
+
+	_, cordoned := f.edited(t, "clusters/gpu-h/cluster.yaml", "cordoned: false", "cordoned: true")
+	merge := f.repo.Commit("main", "cordon gpu-h", map[string][]byte{"clusters/gpu-h/cluster.yaml": cordoned})
+	f.src.Trigger()
+	f.waitStatus(merge, "flotilla/gpu-h", status.Success, "ready")
+	f.waitStatus(merge, "flotilla/fleet", status.Success, "1 of 1")
+	if st := f.statusOf(prHead, "flotilla/plan"); st.State != "" {
+		t.Fatalf("the held plan was posted before its forge answered: %+v", st)
+	}
+
+	released = true
+	release()
+	f.waitStatus(prHead, "flotilla/plan", status.Success, "+1 cluster")
 }
 
 // BenchmarkPushToSuccess is what an engineer waits for: from the push of a merged

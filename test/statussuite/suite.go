@@ -38,6 +38,10 @@ type Target struct {
 	// Cap is set when the forge itself refuses statuses beyond status.MaxPerContext
 	// per commit and context, as GitHub documents.
 	Cap bool
+	// SetPullRequest records pull request number into branch base, open or closed, on
+	// the forge; set exactly when the backend is a status.PullRequestLister. Nil for a
+	// backend whose store keeps no pull requests (git notes).
+	SetPullRequest func(t *testing.T, number int, base string, open bool)
 }
 
 // fastBackoff keeps retries quick where the forge does not ask for a wait.
@@ -222,10 +226,73 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 	})
 
 	probe := newTarget(t)
+	runPullRequests(t, newTarget, probe)
 	if probe.Forge == nil {
 		return
 	}
 	runForge(t, newTarget, probe.Cap)
+}
+
+// runPullRequests checks what a hub plans from: the numbers of the open pull requests
+// into its branch, and no others, however many pages the forge lists them on.
+func runPullRequests(t *testing.T, newTarget func(t *testing.T) Target, probe Target) {
+	_, lists := probe.Backend.(status.PullRequestLister)
+	t.Run("the backend lists pull requests exactly when the target can record them", func(t *testing.T) {
+		if lists != (probe.SetPullRequest != nil) {
+			t.Fatalf("the backend lists pull requests: %v; the target records them: %v", lists, probe.SetPullRequest != nil)
+		}
+	})
+	if !lists || probe.SetPullRequest == nil {
+		return
+	}
+
+	t.Run("the open pull requests into the branch are listed, however many pages it takes", func(t *testing.T) {
+		tg := newTarget(t)
+		want := map[int]bool{}
+		// 230 pull requests are more than two pages on every forge. Every seventh is
+		// closed; every fifth goes into release and every eleventh into main-next, a
+		// branch whose name starts with the followed one's.
+		for n := 1; n <= 230; n++ {
+			base, open := "main", n%7 != 0
+			switch {
+			case n%5 == 0:
+				base = "release"
+			case n%11 == 0:
+				base = "main-next"
+			}
+			tg.SetPullRequest(t, n, base, open)
+			if open && base == "main" {
+				want[n] = true
+			}
+		}
+		got, err := tg.Backend.(status.PullRequestLister).OpenPullRequests(ctxT(t), "main")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for n := range got {
+			if !want[n] {
+				t.Errorf("#%d is listed but is closed or into another branch", n)
+			}
+		}
+		for n := range want {
+			if !got[n] {
+				t.Errorf("#%d is open into main but not listed", n)
+			}
+		}
+	})
+
+	t.Run("a branch without open pull requests lists none", func(t *testing.T) {
+		tg := newTarget(t)
+		tg.SetPullRequest(t, 1, "main", false)
+		tg.SetPullRequest(t, 2, "release", true)
+		got, err := tg.Backend.(status.PullRequestLister).OpenPullRequests(ctxT(t), "main")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 0 {
+			t.Fatalf("OpenPullRequests = %v, want none", got)
+		}
+	})
 }
 
 func runForge(t *testing.T, newTarget func(t *testing.T) Target, capped bool) {

@@ -3,6 +3,9 @@
 // and the newest status of every context is read from the commit's combined status,
 // page by page.
 //
+// The backend is also a status.PullRequestLister: it lists the open pull requests
+// into a branch from GET /repos/{owner}/{repo}/pulls.
+//
 // Gitea's states are pending, success, error, failure and warning (and, in newer
 // releases, skipped); flotilla's four are among them and map one to one. Gitea keeps
 // descriptions in a TEXT column and documents no length limit, so none is cut; it
@@ -47,8 +50,9 @@ type Options struct {
 	Owner string
 	Repo  string
 	// Token is an access token allowed to write the repository's commit statuses
-	// (scope write:repository); the caller reads it from a file. It is sent as
-	// "Authorization: token <Token>" and never appears in an error.
+	// (scope write:repository, which also reads its pull requests); the caller reads
+	// it from a file. It is sent as "Authorization: token <Token>" and never appears
+	// in an error.
 	Token string
 	// HTTPClient defaults to a client with a 30s timeout.
 	HTTPClient *http.Client
@@ -60,7 +64,10 @@ type Backend struct {
 	hc   *http.Client
 }
 
-var _ status.Backend = (*Backend)(nil)
+var (
+	_ status.Backend           = (*Backend)(nil)
+	_ status.PullRequestLister = (*Backend)(nil)
+)
 
 // New prepares a backend. It makes no request: the hub must start, and reconcile its
 // clusters, while the forge is away, and the SDK's version check at NewClient, which
@@ -161,6 +168,39 @@ func (b *Backend) Latest(ctx context.Context, commit string) (map[string]status.
 		if added == 0 || (counted && len(out) >= total) {
 			return out, nil
 		}
+	}
+}
+
+// OpenPullRequests lists the numbers of the repository's open pull requests into
+// base, every page; a number is the N of refs/pull/N/head.
+//
+// The SDK's list options have no base filter, and Gitea filters by base_branch only in
+// recent releases, older ones ignoring the parameter, so every open pull request is
+// read and base.ref decides. Pages are followed through the Link header's next page,
+// which Gitea computes from the page size it granted, so a MAX_RESPONSE_ITEMS below
+// pageSize costs requests, not pull requests.
+func (b *Backend) OpenPullRequests(ctx context.Context, base string) (map[int]bool, error) {
+	c, err := b.client(ctx, b.hc)
+	if err != nil {
+		return nil, b.errorf(err, "listing open pull requests")
+	}
+	out := map[int]bool{}
+	opt := sdk.ListPullRequestsOptions{ListOptions: sdk.ListOptions{Page: 1, PageSize: pageSize}, State: sdk.StateOpen}
+	for {
+		prs, resp, err := c.ListRepoPullRequests(b.opts.Owner, b.opts.Repo, opt)
+		if err != nil {
+			return nil, b.errorf(b.classify(resp, err), "listing open pull requests (page %d)", opt.Page)
+		}
+		for _, pr := range prs {
+			// Each is judged by what Gitea says of it, not by the filter asked for.
+			if pr != nil && pr.State == sdk.StateOpen && pr.Base != nil && pr.Base.Ref == base {
+				out[int(pr.Index)] = true
+			}
+		}
+		if resp == nil || resp.NextPage <= opt.Page {
+			return out, nil
+		}
+		opt.Page = resp.NextPage
 	}
 }
 

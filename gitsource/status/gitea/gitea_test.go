@@ -38,6 +38,9 @@ func TestSuite(t *testing.T) {
 			ForgeState:       func(s status.State) string { return string(s) },
 			// Gitea documents no cap on statuses per commit and context.
 			Cap: false,
+			SetPullRequest: func(_ *testing.T, number int, base string, open bool) {
+				srv.SetPullRequest(number, base, open)
+			},
 		}
 	})
 }
@@ -56,6 +59,10 @@ func TestWrongTokenIsUnauthorizedAndNotRepeated(t *testing.T) {
 		}},
 		{"reading statuses", func(ctx context.Context) error {
 			_, err := b.Latest(ctx, commit)
+			return err
+		}},
+		{"listing open pull requests", func(ctx context.Context) error {
+			_, err := b.OpenPullRequests(ctx, "main")
 			return err
 		}},
 	}

@@ -280,17 +280,22 @@ func capReached(er *gh.ErrorResponse) bool {
 	return false
 }
 
-// OpenPullRequests lists the numbers of the repository's open pull requests, every page.
-func (b *Backend) OpenPullRequests(ctx context.Context) (map[int]bool, error) {
+// OpenPullRequests lists the numbers of the repository's open pull requests into base,
+// every page.
+func (b *Backend) OpenPullRequests(ctx context.Context, base string) (map[int]bool, error) {
 	out := map[int]bool{}
-	opts := &gh.PullRequestListOptions{State: "open", ListOptions: gh.ListOptions{PerPage: 100}}
+	opts := &gh.PullRequestListOptions{State: "open", Base: base, ListOptions: gh.ListOptions{PerPage: 100}}
 	for {
 		prs, resp, err := b.client.PullRequests.List(ctx, b.owner, b.repo, opts)
 		if err != nil {
 			return nil, fmt.Errorf("github: %s/%s: listing open pull requests: %w", b.owner, b.repo, classify(resp, err))
 		}
 		for _, pr := range prs {
-			out[pr.GetNumber()] = true
+			// The filter is the forge's; a pull request retargeted meanwhile is checked
+			// again here.
+			if pr.GetBase().GetRef() == base {
+				out[pr.GetNumber()] = true
+			}
 		}
 		if resp.NextPage == 0 || resp.NextPage <= max(opts.Page, 1) {
 			return out, nil

@@ -27,6 +27,9 @@ func TestSuite(t *testing.T) {
 			Forge:            srv.Store,
 			ForgeState:       func(s status.State) string { return string(s) },
 			Cap:              true,
+			SetPullRequest: func(_ *testing.T, number int, base string, open bool) {
+				srv.SetPullRequest(number, base, open)
+			},
 		}
 	})
 }
@@ -436,31 +439,35 @@ func TestBaseURL(t *testing.T) {
 	}
 }
 
-// Closed pull requests keep their refs/pull/N/head forever; the hub plans only the open
-// ones, which the forge lists over as many pages as it takes.
-func TestOpenPullRequests(t *testing.T) {
+// Closed pull requests keep their refs/pull/N/head forever, and pull requests into
+// other branches never merge into the followed one; the hub plans only the open ones into
+// its branch, which the forge lists over as many pages as it takes.
+func TestOpenPullRequestsIntoTheBranch(t *testing.T) {
 	srv := githubtest.Start(t)
 	want := map[int]bool{}
-	for n := 1; n <= 140; n++ {
-		open := n%7 != 0
-		srv.SetPullRequest(n, open)
-		if open {
+	for n := 1; n <= 160; n++ {
+		open, base := n%7 != 0, "main"
+		if n%5 == 0 {
+			base = "release"
+		}
+		srv.SetPullRequest(n, base, open)
+		if open && base == "main" {
 			want[n] = true
 		}
 	}
-	got, err := newBackend(t, srv, Options{Token: srv.Token}).OpenPullRequests(testContext(t))
+	got, err := newBackend(t, srv, Options{Token: srv.Token}).OpenPullRequests(testContext(t), "main")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != len(want) {
-		t.Fatalf("%d open pull requests, want %d", len(got), len(want))
+		t.Fatalf("%d open pull requests into main, want %d", len(got), len(want))
 	}
 	for n := range want {
 		if !got[n] {
-			t.Fatalf("#%d is open but not listed", n)
+			t.Fatalf("#%d is open into main but not listed", n)
 		}
 	}
-	if _, err := newBackend(t, srv, Options{Token: "ghp_wrong"}).OpenPullRequests(testContext(t)); !errors.Is(err, status.ErrUnauthorized) {
+	if _, err := newBackend(t, srv, Options{Token: "ghp_wrong"}).OpenPullRequests(testContext(t), "main"); !errors.Is(err, status.ErrUnauthorized) {
 		t.Fatalf("with a wrong token: %v, want ErrUnauthorized", err)
 	}
 }

@@ -1,6 +1,7 @@
 // Package gitlab keeps flotilla's commit statuses on GitLab, through its REST API (v4)
 // and the GitLab client library. GitLab keeps a commit status as an external job of
-// the commit's pipeline, named after the status's context.
+// the commit's pipeline, named after the status's context. The backend also lists the
+// open merge requests into a branch, GitLab's pull requests.
 package gitlab
 
 import (
@@ -36,8 +37,8 @@ type Options struct {
 	URL string
 	// Project is the project's numeric ID or its full path, e.g. "fleet/gpu-fleet".
 	Project string
-	// Token is a project or personal access token allowed to post statuses (api scope),
-	// sent as PRIVATE-TOKEN. It never appears in an error.
+	// Token is a project or personal access token allowed to post statuses and read
+	// merge requests (api scope), sent as PRIVATE-TOKEN. It never appears in an error.
 	Token string
 	// HTTPClient sends the requests; nil for a pooled default.
 	HTTPClient *http.Client
@@ -49,7 +50,10 @@ type Backend struct {
 	project string
 }
 
-var _ status.Backend = (*Backend)(nil)
+var (
+	_ status.Backend           = (*Backend)(nil)
+	_ status.PullRequestLister = (*Backend)(nil)
+)
 
 // New returns a Backend for opts.Project on the GitLab at opts.URL.
 func New(opts Options) (*Backend, error) {
@@ -242,4 +246,32 @@ func classify(resp *gl.Response, err error) error {
 		return status.Retryable(err, status.RetryAfter(hr.Header, time.Now()))
 	}
 	return status.Classify(hr, err, time.Now())
+}
+
+// OpenPullRequests lists the IIDs of the project's open merge requests into base, every
+// page: the IID is the N of refs/merge-requests/N/head, and GitLab's API filters by
+// state and target branch itself.
+func (b *Backend) OpenPullRequests(ctx context.Context, base string) (map[int]bool, error) {
+	opt := &gl.ListProjectMergeRequestsOptions{
+		ListOptions:  gl.ListOptions{PerPage: perPage, Page: 1},
+		State:        gl.Ptr("opened"),
+		TargetBranch: gl.Ptr(base),
+	}
+	out := map[int]bool{}
+	for {
+		mrs, resp, err := b.client.MergeRequests.ListProjectMergeRequests(b.project, opt, gl.WithContext(ctx))
+		if err != nil {
+			return nil, fmt.Errorf("gitlab: project %s: listing open merge requests into %s: %w", b.project, base, classify(resp, err))
+		}
+		for _, mr := range mrs {
+			// Each is judged by what GitLab says of it, not by the filter asked for.
+			if mr != nil && mr.State == "opened" && mr.TargetBranch == base {
+				out[int(mr.IID)] = true
+			}
+		}
+		if resp == nil || resp.NextPage <= opt.Page {
+			return out, nil
+		}
+		opt.Page = resp.NextPage
+	}
 }

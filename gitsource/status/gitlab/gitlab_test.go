@@ -37,6 +37,9 @@ func TestSuite(t *testing.T) {
 			Forge:            srv.Store,
 			ForgeState:       gitlab.ForgeState,
 			Cap:              false,
+			SetPullRequest: func(_ *testing.T, iid int, targetBranch string, open bool) {
+				srv.SetMergeRequest(iid, targetBranch, open)
+			},
 		}
 	})
 }
@@ -58,6 +61,7 @@ func TestWrongTokenIsUnauthorized(t *testing.T) {
 			return b.Set(ctx, commit, status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting"})
 		}},
 		{"Latest", func(ctx context.Context) error { _, err := b.Latest(ctx, commit); return err }},
+		{"OpenPullRequests", func(ctx context.Context) error { _, err := b.OpenPullRequests(ctx, "main"); return err }},
 		{"Publish", func(ctx context.Context) error {
 			_, err := publisher(b).Publish(ctx, commit, status.Status{Context: "flotilla/a", State: status.Success})
 			return err

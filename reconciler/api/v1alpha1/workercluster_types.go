@@ -35,6 +35,11 @@ const (
 	// DecommissionAnnotation marks a cluster whose directory left the fleet: the agent
 	// is asked to prune what it owns before the WorkerCluster is deleted.
 	DecommissionAnnotation = "flotilla.dev/decommission"
+	// HubErrorAnnotation holds the detail of the hub's last failure to reconcile the
+	// cluster (the hub cluster's API, a key service) for its operators; the commit
+	// status, which every reader of the repository sees, says only what kind of fault
+	// it was. It is removed by the next reconcile that succeeds.
+	HubErrorAnnotation = "flotilla.dev/hub-error"
 )
 
 // ExpectedGPU is a kind of GPU the cluster should report, and how many of it.

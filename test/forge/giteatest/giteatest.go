@@ -11,6 +11,9 @@
 // (page and limit; DEFAULT_PAGING_NUM 30 and MAX_RESPONSE_ITEMS 50; X-Total-Count and
 // Link) and its API context (error bodies {"message","url"}, 422 for binding errors,
 // 401 for a token that does not exist, 404 for a private repository one cannot see).
+// Beside the statuses it lists the repository's pull requests (routers/api/v1/repo/
+// pull.go ListPullRequests over models/issues/pull_list.go), which a test records with
+// SetPullRequest.
 package giteatest
 
 import (
@@ -26,6 +29,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -61,6 +65,9 @@ type Server struct {
 	// <Token>", the two schemes Gitea reads an access token from.
 	Token string
 	Store *forge.Store
+
+	mu    sync.Mutex
+	pulls map[int64]pullRequest
 }
 
 // Start serves a test Gitea until t ends.
@@ -78,6 +85,7 @@ func Start(t testing.TB) *Server {
 	mux.HandleFunc("GET /api/v1/repos/{owner}/{repo}/statuses/{sha}", s.listStatuses)
 	mux.HandleFunc("GET /api/v1/repos/{owner}/{repo}/commits/{ref}/statuses", s.listStatuses)
 	mux.HandleFunc("GET /api/v1/repos/{owner}/{repo}/commits/{ref}/status", s.combinedStatus)
+	mux.HandleFunc("GET /api/v1/repos/{owner}/{repo}/pulls", s.listPulls)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { s.notFound(w, nil) })
 	hs := httptest.NewServer(s.middleware(mux))
 	t.Cleanup(hs.Close)

@@ -116,22 +116,30 @@ type Server struct {
 	// cannot both take the last slot.
 	post sync.Mutex
 
-	pulls map[int]string // pull request number to its state, "open" or "closed"
+	pulls map[int]pullRequest
 }
 
-// SetPullRequest records pull request number as open or closed, for GET /pulls.
-func (s *Server) SetPullRequest(number int, open bool) {
+type pullRequest struct {
+	state string // "open" or "closed"
+	base  string // the branch it would merge into
+}
+
+// SetPullRequest records pull request number into branch base as open or closed, for
+// GET /pulls.
+func (s *Server) SetPullRequest(number int, base string, open bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pulls == nil {
-		s.pulls = map[int]string{}
+		s.pulls = map[int]pullRequest{}
 	}
-	s.pulls[number] = map[bool]string{true: "open", false: "closed"}[open]
+	s.pulls[number] = pullRequest{state: map[bool]string{true: "open", false: "closed"}[open], base: base}
 }
 
 // listPulls is GET /repos/{owner}/{repo}/pulls: "state: Either open, closed, or all to
-// filter by state. Default: open", newest first, paginated like every list.
+// filter by state. Default: open", "base: Filter pulls by base branch name", newest
+// first, paginated like every list.
 func (s *Server) listPulls(w http.ResponseWriter, r *http.Request) {
+	base := r.URL.Query().Get("base")
 	want := r.URL.Query().Get("state")
 	if want == "" {
 		want = "open"
@@ -142,24 +150,28 @@ func (s *Server) listPulls(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	var numbers []int
-	for n, st := range s.pulls {
-		if want == "all" || st == want {
+	for n, pr := range s.pulls {
+		if (want == "all" || pr.state == want) && (base == "" || pr.base == base) {
 			numbers = append(numbers, n)
 		}
 	}
-	states := maps.Clone(s.pulls)
+	pulls := maps.Clone(s.pulls)
 	s.mu.Unlock()
 	slices.SortFunc(numbers, func(a, b int) int { return b - a })
 	page, per := pagination(r.URL.Query())
 	from, to := window(page, per, len(numbers))
+	type ref struct {
+		Ref string `json:"ref"`
+	}
 	type pull struct {
 		Number int    `json:"number"`
 		State  string `json:"state"`
 		URL    string `json:"url"`
+		Base   ref    `json:"base"`
 	}
 	out := make([]pull, 0, to-from)
 	for _, n := range numbers[from:to] {
-		out = append(out, pull{Number: n, State: states[n], URL: s.URL + fmt.Sprintf("repos/%s/%s/pulls/%d", s.Owner, s.Repo, n)})
+		out = append(out, pull{Number: n, State: pulls[n].state, Base: ref{pulls[n].base}, URL: s.URL + fmt.Sprintf("repos/%s/%s/pulls/%d", s.Owner, s.Repo, n)})
 	}
 	s.link(w, r, page, per, len(numbers))
 	s.json(w, http.StatusOK, out)

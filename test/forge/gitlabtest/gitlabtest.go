@@ -11,6 +11,10 @@
 // ones of that name ("retried"). The Store holds one record per job, so Store.Count
 // stays the number of statuses GitLab holds for a commit and name; an update in place
 // is kept beside the Store, and All reads the records with it applied.
+//
+// Beside the statuses it lists the project's merge requests (doc/api/merge_requests.md,
+// "List project merge requests"; lib/api/merge_requests.rb), which a test records with
+// SetMergeRequest.
 package gitlabtest
 
 import (
@@ -80,6 +84,14 @@ type Server struct {
 	// Fill) have no entry: they are jobs on DefaultBranch as recorded.
 	jobs      map[int64]*job
 	pipelines []pipeline
+	// mergeRequests are the project's merge requests by IID.
+	mergeRequests map[int64]mergeRequest
+}
+
+// mergeRequest is what the server keeps of a merge request.
+type mergeRequest struct {
+	targetBranch string
+	state        string // "opened" or "closed"
 }
 
 type job struct {
@@ -115,6 +127,17 @@ func Start(t testing.TB) *Server {
 // NewCommit registers a new commit on DefaultBranch and returns its 40-hex SHA.
 func (s *Server) NewCommit() string {
 	return s.Store.NewCommit()
+}
+
+// SetMergeRequest records merge request iid into targetBranch as open or closed, for
+// GET /projects/:id/merge_requests.
+func (s *Server) SetMergeRequest(iid int, targetBranch string, open bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mergeRequests == nil {
+		s.mergeRequests = map[int64]mergeRequest{}
+	}
+	s.mergeRequests[int64(iid)] = mergeRequest{targetBranch: targetBranch, state: map[bool]string{true: "opened", false: "closed"}[open]}
 }
 
 // All is every status of commit, newest first, with the updates GitLab made in place
@@ -207,6 +230,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rawSHA  string
 	)
 	switch {
+	case len(seg) == 2 && seg[1] == "merge_requests":
+		s.serveMergeRequests(w, r, seg[0])
+		return
 	case len(seg) == 3 && seg[1] == "statuses":
 		handler, allow, rawSHA = s.postStatus, http.MethodPost, seg[2]
 	case len(seg) == 5 && seg[1] == "repository" && seg[2] == "commits" && seg[4] == "statuses":
@@ -241,13 +267,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // both of which GitLab takes for personal and project access tokens
 // (doc/api/rest/authentication.md).
 func (s *Server) authenticated(r *http.Request) bool {
+	tok := token(r)
+	return tok != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(s.Token)) == 1
+}
+
+// token is the access token a request carries, "" for none.
+func token(r *http.Request) string {
 	tok := r.Header.Get("PRIVATE-TOKEN")
 	if tok == "" {
 		if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 			tok = v
 		}
 	}
-	return tok != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(s.Token)) == 1
+	return tok
 }
 
 // project finds the project by numeric ID or by full path, which GitLab matches without
@@ -601,9 +633,14 @@ func (s *Server) render(sha string, e entry) commitStatus {
 		TargetURL: optString(e.TargetURL), Description: optString(e.Description),
 		CreatedAt: apiTime(e.Created), StartedAt: optTime(e.started), FinishedAt: optTime(e.finished),
 		Coverage: e.coverage, PipelineID: e.pipeline,
-		Author: user{ID: 1, Username: "flotilla-bot", Name: "Flotilla Bot", State: "active",
-			AvatarURL: s.URL + "/uploads/-/system/user/avatar/1/avatar.png", WebURL: s.URL + "/flotilla-bot"},
+		Author: s.bot(),
 	}
+}
+
+// bot is the user the server's token belongs to.
+func (s *Server) bot() user {
+	return user{ID: 1, Username: "flotilla-bot", Name: "Flotilla Bot", State: "active",
+		AvatarURL: s.URL + "/uploads/-/system/user/avatar/1/avatar.png", WebURL: s.URL + "/flotilla-bot"}
 }
 
 // grapeBool is Grape's Boolean coercion.
@@ -647,36 +684,15 @@ func (s *Server) listStatuses(w http.ResponseWriter, r *http.Request, id, sha st
 			errs = append(errs, "sort does not have a valid value")
 		}
 	}
-	page, perPage := 1, defaultPerPage
-	pageOK, perPageOK := true, true
-	if q.Has("page") {
-		var err error
-		if page, err = strconv.Atoi(q.Get("page")); err != nil {
-			errs, pageOK = append(errs, "page is invalid"), false
-		}
-	}
-	if q.Has("per_page") {
-		var err error
-		if perPage, err = strconv.Atoi(q.Get("per_page")); err != nil {
-			errs, perPageOK = append(errs, "per_page is invalid"), false
-		} else if perPage == 0 {
-			errs = append(errs, "per_page has a value not allowed")
-		}
-	}
+	pg := readPagination(q, &errs)
 	if len(errs) > 0 {
 		validationError(w, errs)
 		return
 	}
-	// PaginationParams#verify_pagination_params!
-	if pageOK && page < 1 {
-		validationError(w, []string{"page does not have a valid value"})
+	if errs := pg.verify(); len(errs) > 0 {
+		validationError(w, errs)
 		return
 	}
-	if perPageOK && perPage < 1 {
-		validationError(w, []string{"per_page does not have a valid value"})
-		return
-	}
-	perPage = min(perPage, maxPerPage)
 
 	if !s.project(id) {
 		writeJSON(w, http.StatusNotFound, message("404 Project Not Found"))
@@ -711,17 +727,68 @@ func (s *Server) listStatuses(w http.ResponseWriter, r *http.Request, id, sha st
 		return c
 	})
 
-	total := len(list)
-	pages := max((total+perPage-1)/perPage, 1)
-	from := min((page-1)*perPage, total)
-	to := min(from+perPage, total)
+	from, to := pg.window(len(list))
 	out := make([]commitStatus, 0, to-from)
 	for _, e := range list[from:to] {
 		out = append(out, s.render(sha, e))
 	}
+	s.paginate(w, r, pg, len(list), url.Values{"id": {id}, "sha": {sha}, "order_by": {orderBy}})
+	writeJSON(w, http.StatusOK, out)
+}
 
-	// Gitlab::Pagination::OffsetHeaderBuilder: X-Next-Page and X-Prev-Page are empty
-	// where there is no such page; the Link URLs carry every parameter, route ones too.
+// pagination is a request's page and per_page (PaginationParams).
+type pagination struct {
+	page, perPage     int
+	pageOK, perPageOK bool
+}
+
+// readPagination reads page and per_page, defaulting to page 1 of 20, adding Grape's
+// coercion errors to errs; verify checks the values once coercion has passed.
+func readPagination(q url.Values, errs *[]string) pagination {
+	pg := pagination{page: 1, perPage: defaultPerPage, pageOK: true, perPageOK: true}
+	if q.Has("page") {
+		var err error
+		if pg.page, err = strconv.Atoi(q.Get("page")); err != nil {
+			*errs, pg.pageOK = append(*errs, "page is invalid"), false
+		}
+	}
+	if q.Has("per_page") {
+		var err error
+		if pg.perPage, err = strconv.Atoi(q.Get("per_page")); err != nil {
+			*errs, pg.perPageOK = append(*errs, "per_page is invalid"), false
+		} else if pg.perPage == 0 {
+			*errs = append(*errs, "per_page has a value not allowed")
+		}
+	}
+	return pg
+}
+
+// verify is PaginationParams#verify_pagination_params!; it caps per_page at 100.
+func (pg *pagination) verify() []string {
+	if pg.pageOK && pg.page < 1 {
+		return []string{"page does not have a valid value"}
+	}
+	if pg.perPageOK && pg.perPage < 1 {
+		return []string{"per_page does not have a valid value"}
+	}
+	pg.perPage = min(pg.perPage, maxPerPage)
+	return nil
+}
+
+// window is the slice [from, to) of n items that the page shows.
+func (pg pagination) window(n int) (from, to int) {
+	from = min((pg.page-1)*pg.perPage, n)
+	return from, min(from+pg.perPage, n)
+}
+
+// paginate writes Gitlab::Pagination::OffsetHeaderBuilder's headers for a page of
+// total items: X-Next-Page and X-Prev-Page are empty where there is no such page, and
+// above maxCount items the total, the page count and the "last" link are left out. The
+// Link URLs carry every parameter of the request and the route's and defaulted ones in
+// params.
+func (s *Server) paginate(w http.ResponseWriter, r *http.Request, pg pagination, total int, params url.Values) {
+	page, perPage := pg.page, pg.perPage
+	pages := max((total+perPage-1)/perPage, 1)
 	h := w.Header()
 	next, prev := "", ""
 	if page < pages {
@@ -736,12 +803,12 @@ func (s *Server) listStatuses(w http.ResponseWriter, r *http.Request, id, sha st
 	h.Set("X-Prev-Page", prev)
 	link := func(n int, rel string) string {
 		v := url.Values{}
-		for k, xs := range q {
+		for k, xs := range r.URL.Query() {
 			v[k] = xs
 		}
-		v.Set("id", id)
-		v.Set("sha", sha)
-		v.Set("order_by", orderBy)
+		for k, xs := range params {
+			v[k] = xs
+		}
 		v.Set("page", strconv.Itoa(n))
 		v.Set("per_page", strconv.Itoa(perPage))
 		return fmt.Sprintf("<%s%s?%s>; rel=%q", s.URL, r.URL.EscapedPath(), v.Encode(), rel)
@@ -760,5 +827,4 @@ func (s *Server) listStatuses(w http.ResponseWriter, r *http.Request, id, sha st
 		h.Set("X-Total-Pages", strconv.Itoa(pages))
 	}
 	h.Set("Link", strings.Join(links, ", "))
-	writeJSON(w, http.StatusOK, out)
 }

@@ -1,0 +1,130 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	"github.com/flotilla-gitops/flotilla/reconciler/plan"
+)
+
+// Pull requests are untrusted input: anyone who can open one, from a fork too, makes the
+// hub fetch, validate and render its head. So plans run beside the branch, never in its
+// way: each source has one plan worker of its own, woken after every sync, which lists,
+// fetches and plans while the branch goes on syncing; a hub-wide limit bounds how many
+// plans compute at once, and each has a deadline, so that no pull request can hold a
+// slot, or another tenant's plans, for longer than that.
+
+// wakePlans asks the source's plan worker to look for new pull-request heads; wakes
+// coalesce.
+func (s *Source) wakePlans() {
+	select {
+	case s.planWake <- struct{}{}:
+	default:
+	}
+}
+
+// runPlans plans on every wake until ctx ends.
+func (s *Source) runPlans(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.planWake:
+		}
+		s.syncPlans(ctx)
+	}
+}
+
+// syncPlans validates and renders each open pull request's head into the branch once,
+// posting its plan; it never changes anything on a worker.
+func (s *Source) syncPlans(ctx context.Context) {
+	store := s.hub.opts.Plans
+	if store == nil {
+		return
+	}
+	// Listing and fetching are bounded like a plan: a forge or a repository that does not
+	// answer holds this source's plans up, never its branch.
+	listCtx, cancel := context.WithTimeout(ctx, s.hub.opts.PlanTimeout)
+	defer cancel()
+	var open func(int) bool
+	if s.opts.PullRequests != nil {
+		numbers, err := s.opts.PullRequests.OpenPullRequests(listCtx, s.opts.Git.Branch)
+		if err != nil {
+			s.log.Error("listing open pull requests", "error", err)
+			return
+		}
+		open = func(n int) bool { return numbers[n] }
+	}
+	prs, err := s.git.PullRequests(listCtx, open)
+	if err != nil {
+		s.log.Error("reading pull requests", "error", err)
+		return
+	}
+	for _, pr := range prs {
+		head := pr.Head.String()
+		if _, done := store.Get(s.opts.Name, head); done || pr.Merged {
+			continue
+		}
+		select {
+		case s.hub.planSlots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		p, err := s.plan(ctx, pr)
+		<-s.hub.planSlots
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Error("planning a pull request", "ref", pr.Ref, "commit", head, "error", err)
+			s.post(ctx, head, status.Status{Context: plan.Context(s.prefixNow()), State: status.Error, Description: "hub error: could not plan this pull request; see the hub's log"})
+			continue
+		}
+		store.Put(s.opts.Name, p)
+		url := ""
+		if s.hub.opts.PublicURL != "" {
+			url = strings.TrimSuffix(s.hub.opts.PublicURL, "/") + plan.Path(s.opts.Name, head)
+		}
+		s.log.Info("planned a pull request", "ref", pr.Ref, "commit", head, "summary", p.Summary())
+		s.post(ctx, head, p.Status(s.prefixNow(), url))
+	}
+}
+
+// plan computes one pull request's plan within the plan deadline. A head that could not
+// be read within the budgets, or whose plan outlasts the deadline, gets a failing plan
+// that says so, and is not tried again: its author pushes a smaller change.
+func (s *Source) plan(ctx context.Context, pr *gitsource.PullRequest) (*plan.Plan, error) {
+	failed := func(msg string) *plan.Plan {
+		p := &plan.Plan{PullRequest: pr.Number, Ref: pr.Ref, Commit: pr.Head.String(), Base: pr.Base.String(), BaseFound: pr.BaseFound,
+			FleetErrors: fleet.ErrorList{{Message: msg}}}
+		p.RequireTenant(s.opts.Tenant)
+		return p
+	}
+	var be *gitsource.BudgetError
+	if errors.As(pr.Err, &be) {
+		// The same head fails the same way until it changes: a plan that says so.
+		return failed("not planned: " + be.Error()), nil
+	}
+	if pr.Err != nil {
+		// Not the pull request's doing, as far as the hub can tell: no plan is kept, so
+		// the next sync tries again.
+		return nil, pr.Err
+	}
+	pctx, cancel := context.WithTimeout(ctx, s.hub.opts.PlanTimeout)
+	defer cancel()
+	p, err := plan.Compute(pctx, pr, s.hub.renderer, plan.Options{MaxRendered: s.hub.opts.MaxPlannedClusters, Budget: s.hub.opts.Budget})
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		s.log.Warn("a plan outlasted its deadline", "ref", pr.Ref, "commit", pr.Head.String(), "deadline", s.hub.opts.PlanTimeout)
+		return failed(fmt.Sprintf("not planned: planning took longer than %s, the hub's limit for one pull request", s.hub.opts.PlanTimeout)), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	p.RequireTenant(s.opts.Tenant)
+	return p, nil
+}

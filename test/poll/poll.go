@@ -1,0 +1,33 @@
+// Package poll waits in tests for what a real system does in its own time: a condition
+// is checked again and again until it holds or a generous deadline passes, so that a
+// test never sleeps in place of readiness and never asserts on wall-clock time.
+package poll
+
+import (
+	"testing"
+	"time"
+)
+
+// Deadline is how long Until waits: generous, because a loaded two-core machine runs
+// several control planes at once; a passing test waits only as long as it must.
+const Deadline = 45 * time.Second
+
+// interval between checks.
+const interval = 20 * time.Millisecond
+
+// Until checks cond until it holds, and fails the test with what and cond's last word
+// on why not once Deadline has passed.
+func Until(t testing.TB, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(Deadline)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		last = why
+		time.Sleep(interval)
+	}
+	t.Fatalf("%s: not reached in time; last: %s", what, last)
+}
