@@ -35,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
 // CredentialKey is the key of the agent credential in its Secret.
@@ -46,7 +47,7 @@ const CredentialKey = "credential"
 const RedemptionKeyKey = "redemptionKey"
 
 // FieldManager is the agent's field manager, for its own Secret as for what it applies.
-const FieldManager = "flotilla-agent"
+const FieldManager = v1alpha1.AgentFieldManager
 
 // Applier applies a desired state on the worker.
 type Applier interface {

@@ -21,7 +21,7 @@ import (
 )
 
 // DefaultFieldManager is the field manager of the agent's server-side applies.
-const DefaultFieldManager = "flotilla-agent"
+const DefaultFieldManager = v1alpha1.AgentFieldManager
 
 // RefusePrefix starts the message of every object the agent refuses to adopt.
 const RefusePrefix = "refuse to adopt existing object not owned by this WorkerCluster"

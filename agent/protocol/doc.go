@@ -21,6 +21,11 @@
 // (WebSocket ping frames) and drops a peer that stays silent past the heartbeat
 // timeout; so does the agent.
 //
+// The hub's address is judged by one rule on both sides and in fleet.yaml
+// (CheckHubURL): wss:// with a host, ws:// only to a loopback host (IsLoopbackHost) and
+// only where insecure loopback is allowed, no credentials, query or fragment; the hub
+// accepts plain ws:// only from a loopback peer (IsLoopbackAddr), when allowed.
+//
 // # Redemption
 //
 // A redemption is one-shot: the hub records it before it answers, so an answer lost on

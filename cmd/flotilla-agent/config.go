@@ -248,48 +248,17 @@ func enrollmentToken(fv flagValues, changed func(string) bool, vals values) (pro
 	return protocol.Secret(tok), nil
 }
 
-// checkHubURL returns the hub's base URL, without a trailing slash, or says why it is
-// refused. Only wss:// is accepted: the tunnel carries the agent's secret and the
-// worker's desired state. ws:// is accepted only to a loopback host and only when asked
-// for, for a hub and an agent on one machine.
+// checkHubURL applies the hub-URL rule that `flotilla fleet init` applies too, and
+// names the agent's switch when it is the one thing missing.
 func checkHubURL(raw string, allowInsecureLoopback bool) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil || u.Opaque != "" {
-		return "", errors.New("the hub URL is not a URL such as wss://hub.example.com")
+	u, err := protocol.CheckHubURL(raw, allowInsecureLoopback)
+	if errors.Is(err, protocol.ErrInsecureLoopback) {
+		return "", fmt.Errorf("%w: pass --allow-insecure-loopback", err)
 	}
-	if u.User != nil {
-		return "", fmt.Errorf("hub URL %q carries credentials; the agent authenticates with its enrollment token and credential only", u.Redacted())
+	if err != nil {
+		return "", err
 	}
-	shown := u.Redacted()
-	switch u.Scheme {
-	case "wss":
-	case "ws":
-		switch {
-		case !isLoopback(u.Hostname()):
-			return "", fmt.Errorf("hub URL %q is unencrypted ws://; the hub must be wss:// (ws:// is allowed only to a loopback host)", shown)
-		case !allowInsecureLoopback:
-			return "", fmt.Errorf("hub URL %q is unencrypted ws://; the hub must be wss://, or pass --allow-insecure-loopback for a hub on this machine", shown)
-		}
-	default:
-		return "", fmt.Errorf("hub URL %q must be a wss:// URL", shown)
-	}
-	switch {
-	case u.Host == "" || u.Hostname() == "":
-		return "", fmt.Errorf("hub URL %q has no host", shown)
-	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
-		return "", fmt.Errorf("hub URL %q must have no query or fragment", shown)
-	}
-	return strings.TrimRight(u.String(), "/"), nil
-}
-
-// isLoopback reports whether host is this machine by name or address. The name is not
-// resolved: only "localhost" itself counts.
-func isLoopback(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return u.String(), nil
 }
 
 // loadCABundle reads PEM certificates: the value itself when it is PEM (the chart passes

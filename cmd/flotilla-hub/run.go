@@ -246,30 +246,12 @@ func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m 
 	opts := gitsource.Options{URL: sc.URL, Branch: sc.Branch,
 		BranchLimits:      gitsource.Limits{Bytes: fetch.Branch.MaxBytes, Objects: fetch.Branch.MaxObjects},
 		PullRequestLimits: gitsource.Limits{Bytes: fetch.PullRequest.MaxBytes, Objects: fetch.PullRequest.MaxObjects}}
-	switch {
-	case sc.Git.PasswordFile != "":
-		pw, err := readSecret(sc.Git.PasswordFile)
-		if err != nil {
-			return nil, err
-		}
-		user := sc.Git.Username
-		if user == "" {
-			user = "git"
-		}
-		opts.Auth = gitsource.HTTPAuth(user, pw)
-	case sc.Git.SSHKeyFile != "":
-		key, err := os.ReadFile(sc.Git.SSHKeyFile)
-		if err != nil {
-			return nil, err
-		}
-		hosts, err := os.ReadFile(sc.Git.KnownHostsFile)
-		if err != nil {
-			return nil, fmt.Errorf("git.knownHostsFile: %w", err)
-		}
-		if opts.Auth, err = gitsource.SSHAuth(sc.Git.Username, key, nil, hosts); err != nil {
-			return nil, err
-		}
+	auth, err := gitsource.AuthFromFiles(gitsource.FileAuth{Username: sc.Git.Username, PasswordFile: sc.Git.PasswordFile,
+		SSHKeyFile: sc.Git.SSHKeyFile, KnownHostsFile: sc.Git.KnownHostsFile})
+	if err != nil {
+		return nil, fmt.Errorf("git: %w", err)
 	}
+	opts.Auth = auth
 	if sc.Git.TrustedKeysFile != "" {
 		ring, err := os.ReadFile(sc.Git.TrustedKeysFile)
 		if err != nil {

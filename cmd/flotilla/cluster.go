@@ -1,19 +1,30 @@
 package main
 
+// The `cluster` commands that edit a checkout of the fleet repository: add,
+// rotate-token, cordon and remove. They change files and stop there: what reaches the hub
+// is decided by the pull request a person opens, never by the CLI running git. The
+// `cluster` commands that read the hub are in clusterhub.go.
+
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/go-git/go-billy/v5/osfs"
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
 	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
@@ -275,4 +286,279 @@ func printHandover(out io.Writer, what string, f *fleet.Fleet, name, valuesFile 
 		"ignored by git, and must not be committed:\n"+
 		"  helm install flotilla-agent <flotilla-agent chart> --namespace flotilla-system --create-namespace -f %s\n\n", valuesFile, name, valuesFile)
 	fmt.Fprintln(out, "The token works once: the agent redeems it for its own credential when it first dials the hub.")
+}
+
+func newClusterCordonCommand() *cobra.Command {
+	var (
+		dir      string
+		uncordon bool
+	)
+	cmd := &cobra.Command{
+		Use:   "cordon NAME [--uncordon]",
+		Short: "Stop (or, with --uncordon, resume) dispatching new jobs to a cluster",
+		Long: "cordon sets cordoned: true in clusters/NAME/cluster.yaml, and --uncordon sets it to\n" +
+			"false, changing nothing else in the file. Once the change is merged the hub stops\n" +
+			"dispatching new jobs to the cluster; running jobs carry on. It refuses a cluster\n" +
+			"that does not validate, and never runs git.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return cordon(cmd.OutOrStdout(), dir, args[0], !uncordon)
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", ".", "the fleet repository's checkout")
+	cmd.Flags().BoolVar(&uncordon, "uncordon", false, "set cordoned: false, so that new jobs reach the cluster again")
+	return cmd
+}
+
+// loadFleetForChange loads the checkout for an edit of one cluster: fleet.yaml and the
+// presets must be valid, since the hub reads nothing of a fleet whose own files are broken.
+func loadFleetForChange(dir string) (*fleet.Fleet, error) {
+	f, err := loadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	if !f.Valid() {
+		return nil, fmt.Errorf("fix the fleet's own files first:\n%s", f.Errors.Error())
+	}
+	return f, nil
+}
+
+// fleetCluster is the cluster directory NAME of the fleet in dir, refused with the
+// problems of its files when it is not a cluster the hub could read.
+func fleetCluster(f *fleet.Fleet, dir, name string) (*fleet.Cluster, error) {
+	if err := checkClusterName(name); err != nil {
+		return nil, err
+	}
+	c, ok := f.Clusters[name]
+	if !ok {
+		have := ""
+		if names := f.ClusterNames(); len(names) > 0 {
+			have = " (have: " + strings.Join(names, ", ") + ")"
+		}
+		return nil, fmt.Errorf("no cluster %q under %s/ of %s%s", name, fleet.ClustersDir, dir, have)
+	}
+	// The loader follows symbolic links; an edit must not write or delete through one.
+	for _, p := range []string{fleet.ClustersDir, c.Dir} {
+		info, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(p)))
+		if err != nil {
+			return nil, err
+		}
+		if !info.IsDir() {
+			return nil, fmt.Errorf("%s is a symbolic link or not a directory; change it by hand", p)
+		}
+	}
+	return c, nil
+}
+
+func cordon(out io.Writer, dir, name string, want bool) error {
+	f, err := loadFleetForChange(dir)
+	if err != nil {
+		return err
+	}
+	c, err := fleetCluster(f, dir, name)
+	if err != nil {
+		return err
+	}
+	rel := path.Join(c.Dir, fleet.ClusterFile)
+	if !c.Valid() {
+		return fmt.Errorf("%s does not validate; fix it first:\n%s", c.Dir, c.Errors.Error())
+	}
+	file := filepath.Join(dir, filepath.FromSlash(rel))
+	info, err := os.Lstat(file)
+	if err != nil {
+		return err
+	}
+	if !info.Mode().IsRegular() {
+		return fmt.Errorf("%s:1:1: not a regular file; set cordoned by hand", rel)
+	}
+	action, title := "cordon", "Cordon"
+	if !want {
+		action, title = "uncordon", "Uncordon"
+	}
+	if c.Object.Spec.Cordoned == want {
+		fmt.Fprintf(out, "Cluster %s is already %sed in %s; nothing changed.\n", name, action, rel)
+		return nil
+	}
+	old, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	data, err := setCordoned(old, want)
+	if err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	if err := writeFileAtomic(file, data, info.Mode().Perm()); err != nil {
+		return err
+	}
+	// The edit is judged by the loader the hub uses; what it does not accept is undone.
+	if c := f.LoadCluster(os.DirFS(dir), name); c == nil || !c.Valid() || c.Object.Spec.Cordoned != want {
+		if err := writeFileAtomic(file, old, info.Mode().Perm()); err != nil {
+			return fmt.Errorf("%s: the edit did not validate and restoring the file failed: %w", rel, err)
+		}
+		var msgs fleet.ErrorList
+		if c != nil {
+			msgs = c.Errors
+		}
+		return fmt.Errorf("%s: setting cordoned: %t does not give a valid cluster; the file is unchanged:\n%s", rel, want, msgs.Error())
+	}
+
+	fmt.Fprintf(out, "Set cordoned: %t in %s.\n", want, rel)
+	if want {
+		fmt.Fprintf(out, "Once merged, the hub dispatches no new jobs to %s; running jobs carry on.\n\n", name)
+	} else {
+		fmt.Fprintf(out, "Once merged, the hub dispatches new jobs to %s again.\n\n", name)
+	}
+	printNextStep(out, action+"-"+name, "add "+rel, title+" "+name)
+	return nil
+}
+
+// setCordoned sets spec.cordoned in a cluster.yaml, keeping every other byte. A file that
+// does not say cordoned is uncordoned; cordoning it adds the key as the first of spec, so
+// that no comment above another key is separated from it.
+func setCordoned(data []byte, want bool) ([]byte, error) {
+	value := strconv.FormatBool(want)
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, err
+	}
+	if len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
+		return nil, errors.New("not a single YAML mapping")
+	}
+	specKey, spec := mappingEntry(doc.Content[0], "spec")
+	if spec == nil || spec.Kind != yaml.MappingNode {
+		return nil, errors.New("no spec mapping")
+	}
+	if k, _ := mappingEntry(spec, "cordoned"); k != nil {
+		return setRawScalar(data, value, "spec", "cordoned")
+	}
+	if !want {
+		return data, nil
+	}
+	if spec.Style&yaml.FlowStyle != 0 || len(spec.Content) == 0 || spec.Content[0].Line <= specKey.Line {
+		return nil, fmt.Errorf("%d:%d: spec is not a block mapping; add cordoned: true to it by hand", specKey.Line, specKey.Column)
+	}
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	after := lines[specKey.Line-1]
+	eol := "\n"
+	if bytes.HasSuffix(after, []byte("\r\n")) {
+		eol = "\r\n"
+	}
+	first := spec.Content[0]
+	firstLine := lines[first.Line-1]
+	indent := firstLine[:first.Column-1]
+	if len(bytes.Trim(indent, " ")) > 0 {
+		return nil, fmt.Errorf("%d:%d: spec is not indented with spaces; add cordoned: true to it by hand", first.Line, first.Column)
+	}
+	inserted := string(indent) + "cordoned: " + value + eol
+	return bytes.Join(slices.Insert(lines, specKey.Line, []byte(inserted)), nil), nil
+}
+
+// mappingEntry is the key and value nodes of key in mapping m, or nils.
+func mappingEntry(m *yaml.Node, key string) (*yaml.Node, *yaml.Node) {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return m.Content[i], m.Content[i+1]
+		}
+	}
+	return nil, nil
+}
+
+func newClusterRemoveCommand() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "remove NAME",
+		Short: "Remove a cluster's directory: merging it decommissions the cluster",
+		Long: "remove deletes clusters/NAME/ and every file in it, and nothing else. Once the\n" +
+			"change is merged the hub decommissions the cluster: its agent prunes the objects it\n" +
+			"applied on the worker (the fleet keeps those marked " + v1alpha1.PruneAnnotation + ": " + v1alpha1.PruneDisabled + ",\n" +
+			"such as the workload namespaces), the agent's credential is revoked and the\n" +
+			"WorkerCluster deleted. It never runs git.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return removeCluster(cmd.OutOrStdout(), dir, args[0])
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", ".", "the fleet repository's checkout")
+	return cmd
+}
+
+func removeCluster(out io.Writer, dir, name string) error {
+	f, err := loadFleetForChange(dir)
+	if err != nil {
+		return err
+	}
+	c, err := fleetCluster(f, dir, name)
+	if err != nil {
+		return err
+	}
+	// Only a directory that declares a WorkerCluster is one of the fleet's clusters; any
+	// other directory under clusters/ is not for this command to delete.
+	rel := path.Join(c.Dir, fleet.ClusterFile)
+	if _, ok := c.Files[rel]; !ok {
+		return fmt.Errorf("%s:1:1: no cluster.yaml, so %s is not a cluster of this fleet; remove it by hand", c.Dir, c.Dir)
+	}
+	if c.Object == nil {
+		return fmt.Errorf("%s does not declare a WorkerCluster, so it is not removed:\n%s", rel, c.Errors.Error())
+	}
+
+	root := filepath.Join(dir, filepath.FromSlash(c.Dir))
+	var files, dirs []string
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			dirs = append(dirs, p)
+		} else {
+			files = append(files, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", c.Dir, err)
+	}
+	// Files first, then directories deepest first: a symbolic link is removed itself,
+	// never what it points to.
+	var removed []string
+	for _, p := range files {
+		if err := os.Remove(p); err != nil {
+			return fmt.Errorf("%w (already removed: %s)", err, strings.Join(removed, ", "))
+		}
+		r, _ := filepath.Rel(dir, p)
+		removed = append(removed, filepath.ToSlash(r))
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := os.Remove(dirs[i]); err != nil {
+			return err
+		}
+	}
+
+	fmt.Fprintf(out, "Removed cluster %s (identity %s):\n", name, fleet.Identity(f.Spec.Spec.Tenant, name))
+	for _, r := range removed {
+		fmt.Fprintf(out, "  %s\n", r)
+	}
+	fmt.Fprintf(out, "\nMerging this decommissions %s: the hub asks its agent to prune every object it\n"+
+		"applied on the worker, except those the fleet keeps (%s: %s, such as the\n"+
+		"workload namespaces), then revokes the agent's credential and deletes the WorkerCluster.\n"+
+		"If the agent is not connected then, nothing is pruned on the worker.\n\n",
+		name, v1alpha1.PruneAnnotation, v1alpha1.PruneDisabled)
+	values := "values." + name + ".local.yaml"
+	if _, err := os.Lstat(filepath.Join(dir, values)); err == nil {
+		ignored := "it is ignored by git"
+		if m, err := gitIgnored(dir); err != nil || !m.Match([]string{values}, false) {
+			ignored = "git does NOT ignore it: make sure it was never committed"
+		}
+		fmt.Fprintf(out, "%s is still here (%s). It holds the cluster's\n"+
+			"enrollment token: destroy it, e.g. shred -u %s\n\n", values, ignored, values)
+	}
+	printNextStep(out, "remove-"+name, "add -A "+c.Dir, "Decommission "+name)
+	return nil
+}
+
+// printNextStep tells how the change reaches the hub: through review, on a branch.
+func printNextStep(out io.Writer, branch, add, message string) {
+	fmt.Fprintf(out, "Commit on a branch and open a pull request:\n"+
+		"  git switch -c %s\n"+
+		"  git %s && git commit -m %q\n"+
+		"  git push -u origin %s\n", branch, add, message, branch)
 }

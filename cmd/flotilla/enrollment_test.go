@@ -297,8 +297,8 @@ func TestFleetInitRefuses(t *testing.T) {
 	}{
 		{"a directory that is not empty", []string{full, "--tenant", "acme", "--hub-url", "wss://h", "--age-recipient", recipient}, "is not empty"},
 		{"an invalid tenant", []string{"x", "--tenant", "Acme Corp", "--hub-url", "wss://h", "--age-recipient", recipient}, `--tenant "Acme Corp"`},
-		{"plain ws to a remote hub", []string{"x", "--tenant", "acme", "--hub-url", "ws://hub.acme.test", "--age-recipient", recipient}, "only allowed to a loopback address"},
-		{"an https hub URL", []string{"x", "--tenant", "acme", "--hub-url", "https://hub.acme.test", "--age-recipient", recipient}, "the scheme must be wss"},
+		{"plain ws to a remote hub", []string{"x", "--tenant", "acme", "--hub-url", "ws://hub.acme.test", "--age-recipient", recipient}, "allowed only to a loopback host"},
+		{"an https hub URL", []string{"x", "--tenant", "acme", "--hub-url", "https://hub.acme.test", "--age-recipient", recipient}, "https:// is not accepted"},
 		{"a recipient that is not an age key", []string{"x", "--tenant", "acme", "--hub-url", "wss://h", "--age-recipient", "ssh-ed25519 AAAA"}, "not an age public key"},
 		{"no recipient", []string{"x", "--tenant", "acme", "--hub-url", "wss://h"}, `required flag(s) "age-recipient" not set`},
 	} {

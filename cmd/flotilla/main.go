@@ -41,7 +41,8 @@ func newRootCommand() *cobra.Command {
 		Short: "Work with a flotilla fleet repository and see its clusters on the hub",
 		Long: "flotilla creates and validates a fleet repository of GPU worker clusters, adds,\n" +
 			"cordons and removes clusters, and renders the Kueue objects the hub sends to each of\n" +
-			"them. With the hub's kubeconfig it shows what the hub knows of every cluster.",
+			"them. With the hub's kubeconfig it shows what the hub knows of every cluster; from\n" +
+			"the fleet repository, the commit statuses the hub recorded as git notes.",
 		Version:       version.String("flotilla"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -50,6 +51,7 @@ func newRootCommand() *cobra.Command {
 	// kubectl's flags, before or after the subcommand, for the commands that read the hub.
 	var hub hubFlags
 	hub.register(root.PersistentFlags())
-	root.AddCommand(newValidateCommand(), newRenderCommand(), newFleetCommand(), newClusterCommand(&hub), newStatusCommand(), newDeviceCommand(&hub))
+	root.AddCommand(newValidateCommand(), newRenderCommand(), newFleetCommand(), newClusterCommand(&hub), newDeviceCommand(&hub),
+		newCommitCommand(), newDeprecatedStatusCommand())
 	return root
 }

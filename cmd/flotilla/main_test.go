@@ -9,8 +9,14 @@ import (
 	"testing"
 	"testing/fstest"
 
+	"github.com/flotilla-gitops/flotilla/test/controlplane"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 )
+
+// planes[0] plays the hub's Kubernetes cluster, for the commands that read the hub.
+var planes []*controlplane.ControlPlane
+
+func TestMain(m *testing.M) { controlplane.Main(m, 1, &planes, controlplane.Options{}) }
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()

@@ -1,9 +1,9 @@
 package fleet
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"path"
 	"regexp"
 	"slices"
@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
@@ -66,9 +67,16 @@ func loadFleetFile(fsys fs.FS, list *ErrorList) *v1alpha1.Fleet {
 	if s.HubURL == "" {
 		n := at("hubURL")
 		e.at(n.Line, n.Column, "spec.hubURL is required: the wss:// address agents dial")
-	} else if u, err := url.Parse(s.HubURL); err != nil || (u.Scheme != "wss" && u.Scheme != "ws") || u.Host == "" {
+	} else if _, err := protocol.CheckHubURL(s.HubURL, true); err != nil {
+		// The agent's rule: a fleet may name a hub on the agents' loopback, which an
+		// agent then dials only when its own switch allows it.
 		n := at("hubURL")
-		e.at(n.Line, n.Column, "spec.hubURL %q must be a wss:// URL with a host", s.HubURL)
+		msg := err.Error()
+		var hue *protocol.HubURLError
+		if errors.As(err, &hue) {
+			msg = hue.Message("spec.hubURL")
+		}
+		e.at(n.Line, n.Column, "%s", msg)
 	}
 	if !versionPattern.MatchString(s.KueueVersion) {
 		n := at("kueueVersion")

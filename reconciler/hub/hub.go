@@ -41,10 +41,6 @@ import (
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
-// invalidAnnotation holds why the cluster's directory does not validate at the
-// source commit; the worker keeps its last good state meanwhile.
-const invalidAnnotation = "flotilla.dev/invalid"
-
 // Options configure a Hub.
 type Options struct {
 	// Client reads and writes WorkerClusters and Secrets on the hub cluster.
@@ -535,7 +531,7 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		if wc == nil {
 			return nil
 		}
-		return s.annotate(ctx, wc, map[string]string{invalidAnnotation: why, v1alpha1.SourceCommitAnnotation: head, v1alpha1.SourceDigestAnnotation: digest})
+		return s.annotate(ctx, wc, map[string]string{v1alpha1.InvalidAnnotation: why, v1alpha1.SourceCommitAnnotation: head, v1alpha1.SourceDigestAnnotation: digest})
 	}
 	if !c.Valid() {
 		return fail(c.Errors[0].Error())
@@ -576,7 +572,7 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		}
 		want.Labels = mergeMaps(want.Labels, map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue, v1alpha1.WorkerClusterLabel: identity})
 		want.Annotations = mergeMaps(want.Annotations, map[string]string{v1alpha1.SourceCommitAnnotation: commit, v1alpha1.SourceDigestAnnotation: digest})
-		delete(want.Annotations, invalidAnnotation)
+		delete(want.Annotations, v1alpha1.InvalidAnnotation)
 		delete(want.Annotations, v1alpha1.DecommissionAnnotation)
 		delete(want.Annotations, v1alpha1.HubErrorAnnotation)
 		want.Spec = *c.Object.Spec.DeepCopy()
@@ -690,7 +686,7 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 		return s.maybeFinishDecommission(ctx, &wc)
 	}
 	st := commitStatus(s.context(name), &wc)
-	if why := wc.Annotations[invalidAnnotation]; why != "" {
+	if why := wc.Annotations[v1alpha1.InvalidAnnotation]; why != "" {
 		st.State, st.Description = status.Failure, why
 	}
 	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], st)

@@ -132,7 +132,7 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 			name:    "a pull request breaking fleet.yaml fails naming it",
 			files:   map[string][]byte{"fleet.yaml": []byte(brokenFleet)},
 			state:   status.Failure,
-			summary: position("fleet.yaml", brokenFleet, "hubURL") + `: spec.hubURL "http://hub.example.com" must be a wss:// URL with a host`,
+			summary: position("fleet.yaml", brokenFleet, "hubURL") + `: spec.hubURL "http://hub.example.com" must be a wss:// URL with a host; http:// is not accepted`,
 			check: func(t *testing.T, p *plan.Plan) {
 				if !p.AllClusters || len(p.FleetErrors) != 1 || len(p.Clusters) != 2 {
 					t.Fatalf("all %v, fleet errors %v, clusters %d: want every cluster planned under one fleet error", p.AllClusters, p.FleetErrors, len(p.Clusters))

@@ -34,7 +34,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -173,7 +172,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		identity = ""
 	}
 	log := s.opts.Log.With("identity", identity, "remote", r.RemoteAddr)
-	if r.TLS == nil && !(s.opts.AllowInsecureLoopback && loopback(r.RemoteAddr)) {
+	if r.TLS == nil && !(s.opts.AllowInsecureLoopback && protocol.IsLoopbackAddr(r.RemoteAddr)) {
 		s.logRefusal(log, slog.LevelWarn, "agent refused: plain HTTP is only accepted from loopback, when allowed")
 		http.Error(w, "the tunnel requires TLS (wss://)", http.StatusForbidden)
 		return
@@ -249,15 +248,6 @@ func authKind(r *http.Request) string {
 		return k
 	}
 	return ""
-}
-
-func loopback(remote string) bool {
-	host, _, err := net.SplitHostPort(remote)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // Push hands the current desired state to the identity's agent, when connected, and

@@ -708,7 +708,7 @@ Try, in another terminal:
   export PATH=%[1]s/bin:$PATH KUBECONFIG=%[1]s/kubeconfigs/hub.yaml
   flotilla -n %[2]s cluster list                 # what the hub knows of each cluster
   kubectl get workerclusters -A                 # the same WorkerClusters, with kubectl
-  flotilla status --repo %[3]s    # the commit statuses on main's head
+  flotilla commit status --repo %[3]s    # the commit statuses on main's head
 
 Cordon %[4]s (no new jobs; running ones carry on) with a commit and a merge:
   cd %[1]s/fleet
@@ -717,7 +717,7 @@ Cordon %[4]s (no new jobs; running ones carry on) with a commit and a merge:
   git commit -am "Cordon %[4]s"
   git switch main && git merge --no-ff cordon-%[4]s && git push origin main
 The hub polls every %[5]s; then 'flotilla -n %[2]s cluster list' shows it cordoned and
-'flotilla status --repo %[3]s' the merge's statuses.
+'flotilla commit status --repo %[3]s' the merge's statuses.
 
 Remove %[6]s (its agent prunes what it applied, the hub revokes its credential):
   flotilla cluster remove %[6]s && git commit -am "Remove %[6]s" && git push origin main

@@ -287,7 +287,7 @@ func (f *fleetRepo) edited(t testing.TB, file, old, new string) (before, after [
 	return before, after
 }
 
-// statusOf reads a context's status on commit, as `flotilla status` would.
+// statusOf reads a context's status on commit, as `flotilla commit status` would.
 func (f *fleetRepo) statusOf(commit, context string) status.Status {
 	f.t.Helper()
 	got, err := f.notes.Latest(f.t.Context(), commit)

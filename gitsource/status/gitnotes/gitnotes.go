@@ -1,6 +1,7 @@
 // Package gitnotes keeps commit statuses in the fleet repository itself, as git notes
 // under refs/notes/flotilla, for a hub that has no forge to post to: any git server
-// works, and `git notes --ref flotilla show <commit>` or `flotilla status` reads them.
+// works, and `git notes --ref flotilla show <commit>` or `flotilla commit status`
+// reads them.
 //
 // A note holds one JSON document per commit with the newest status of every context and
 // how many times each was set. Writers fetch the notes ref, change the note, commit and

@@ -19,4 +19,8 @@ const (
 	// also when the cluster stops wanting it.
 	PruneAnnotation = "flotilla.dev/prune"
 	PruneDisabled   = "disabled"
+
+	// AgentFieldManager is the field manager of everything the agent applies on a
+	// worker, its own credential Secret included: the name managedFields show.
+	AgentFieldManager = "flotilla-agent"
 )

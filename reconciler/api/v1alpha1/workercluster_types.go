@@ -40,6 +40,9 @@ const (
 	// status, which every reader of the repository sees, says only what kind of fault
 	// it was. It is removed by the next reconcile that succeeds.
 	HubErrorAnnotation = "flotilla.dev/hub-error"
+	// InvalidAnnotation holds why the cluster's directory does not validate at the
+	// source commit; the worker keeps its last good state meanwhile.
+	InvalidAnnotation = "flotilla.dev/invalid"
 )
 
 // ExpectedGPU is a kind of GPU the cluster should report, and how many of it.

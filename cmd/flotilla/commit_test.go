@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -10,7 +11,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
 )
 
-func TestStatusShowsTheNotesOfACommit(t *testing.T) {
+func TestCommitStatusShowsTheNotesOfACommit(t *testing.T) {
 	srv := gitserver.Start(t)
 	repo := srv.NewRepo(t, "fleet", "")
 	first := repo.Commit("main", "add a", map[string][]byte{"clusters/a/cluster.yaml": []byte("name: a\n")})
@@ -39,9 +40,9 @@ func TestStatusShowsTheNotesOfACommit(t *testing.T) {
 		want    []string
 		notWant []string
 	}{
-		{"the head of the branch by default", []string{"status", "--repo", repo.URL()},
+		{"the head of the branch by default", []string{"commit", "status", "--repo", repo.URL()},
 			[]string{"commit " + head, "flotilla/b", "pending", "waiting for the agent to register", "flotilla/fleet"}, []string{"flotilla/a"}},
-		{"a given commit", []string{"status", "--repo", repo.URL(), "--commit", first},
+		{"a given commit", []string{"commit", "status", "--repo", repo.URL(), "--commit", first},
 			[]string{"commit " + first, "flotilla/a", "success", "8× H100 80GB"}, []string{"flotilla/b"}},
 	}
 	for _, tt := range tests {
@@ -63,7 +64,44 @@ func TestStatusShowsTheNotesOfACommit(t *testing.T) {
 		})
 	}
 
-	if code, _, errOut := runCLI(t, "status", "--repo", repo.URL(), "--commit", "abc"); code == 0 || !strings.Contains(errOut, "not a full commit hash") {
+	if code, _, errOut := runCLI(t, "commit", "status", "--repo", repo.URL(), "--commit", "abc"); code == 0 || !strings.Contains(errOut, "not a full commit hash") {
 		t.Errorf("a short commit: exit %d, %q; want a clear refusal", code, errOut)
+	}
+}
+
+// `flotilla status` was the name of `commit status`; it works for one more release,
+// prints the same on stdout, says on stderr what to use instead, and is not offered in
+// help.
+func TestStatusIsAHiddenDeprecatedNameOfCommitStatus(t *testing.T) {
+	srv := gitserver.Start(t)
+	repo := srv.NewRepo(t, "fleet", "")
+	head := repo.Commit("main", "add a", map[string][]byte{"clusters/a/cluster.yaml": []byte("name: a\n")})
+	b, err := gitnotes.New(gitnotes.Options{URL: repo.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"}
+	if _, err := status.NewPublisher(b, status.PublisherOptions{}).Publish(t.Context(), head, st); err != nil {
+		t.Fatal(err)
+	}
+
+	code, want, errOut := runCLI(t, "commit", "status", "--repo", repo.URL())
+	if code != 0 || errOut != "" {
+		t.Fatalf("commit status: exit %d, stderr %q", code, errOut)
+	}
+	code, got, errOut := runCLI(t, "status", "--repo", repo.URL())
+	if code != 0 {
+		t.Fatalf("status: exit %d, stderr %q", code, errOut)
+	}
+	if got != want || !strings.Contains(got, "flotilla/a") {
+		t.Errorf("status printed\n%s\ncommit status printed\n%s", got, want)
+	}
+	if errOut != "flotilla: `flotilla status` is deprecated and will be removed in the next release; use `flotilla commit status`\n" {
+		t.Errorf("stderr %q; want one line naming `flotilla commit status`", errOut)
+	}
+
+	_, help, _ := runCLI(t, "--help")
+	if !regexp.MustCompile(`(?m)^  commit +`).MatchString(help) || regexp.MustCompile(`(?m)^  status +`).MatchString(help) {
+		t.Errorf("help lists status, or not commit:\n%s", help)
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
-	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -15,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	fleettemplate "github.com/flotilla-gitops/flotilla/fleet-template"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 )
@@ -65,11 +64,14 @@ func newFleetInitCommand() *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "Created fleet repository %s for tenant %q.\n"+
 				"Next: `git init` it, push it where the hub can read it, and add clusters with\n"+
 				"  flotilla cluster add NAME --region R --residency D --preset P   (in %s)\n", dir, o.tenant, dir)
+			if _, err := protocol.CheckHubURL(o.hubURL, false); errors.Is(err, protocol.ErrInsecureLoopback) {
+				fmt.Fprintf(cmd.OutOrStdout(), "Agents dial the unencrypted %s only when started with --allow-insecure-loopback.\n", o.hubURL)
+			}
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&o.tenant, "tenant", "", "tenant that owns the fleet's clusters (a DNS label)")
-	cmd.Flags().StringVar(&o.hubURL, "hub-url", "", "URL agents dial, wss://host[:port]")
+	cmd.Flags().StringVar(&o.hubURL, "hub-url", "", "URL agents dial, wss://host[:port][/path] (ws:// only to a loopback host)")
 	cmd.Flags().StringArrayVar(&o.recipients, "age-recipient", nil, "age public key of the hub (repeatable)")
 	for _, f := range []string{"tenant", "hub-url", "age-recipient"} {
 		_ = cmd.MarkFlagRequired(f)
@@ -81,7 +83,10 @@ func (o *fleetInitOptions) check() error {
 	if errs := validation.IsDNS1123Label(o.tenant); len(errs) > 0 {
 		return fmt.Errorf("--tenant %q: %s", o.tenant, strings.Join(errs, "; "))
 	}
-	if err := checkHubURL(o.hubURL); err != nil {
+	// The agent's own rule, so that every URL written here is one an agent dials. A
+	// fleet may name a hub on the agents' loopback, as a demo does; its agents then
+	// dial it only with --allow-insecure-loopback.
+	if _, err := protocol.CheckHubURL(o.hubURL, true); err != nil {
 		return fmt.Errorf("--hub-url: %w", err)
 	}
 	for _, r := range o.recipients {
@@ -90,28 +95,6 @@ func (o *fleetInitOptions) check() error {
 		}
 	}
 	return nil
-}
-
-// checkHubURL accepts wss URLs, and ws only to a loopback address, where a demo runs.
-func checkHubURL(s string) error {
-	u, err := url.Parse(s)
-	if err != nil {
-		return err
-	}
-	if u.Host == "" || u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.User != nil {
-		return fmt.Errorf("%q is not wss://host[:port]", s)
-	}
-	switch u.Scheme {
-	case "wss":
-		return nil
-	case "ws":
-		if ip := net.ParseIP(u.Hostname()); u.Hostname() == "localhost" || ip != nil && ip.IsLoopback() {
-			return nil
-		}
-		return fmt.Errorf("%q: plain ws is only allowed to a loopback address; use wss", s)
-	default:
-		return fmt.Errorf("%q: the scheme must be wss", s)
-	}
 }
 
 // parseRecipient accepts the native age recipients the hub can hold identities for.

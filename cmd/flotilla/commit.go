@@ -1,11 +1,13 @@
 package main
 
+// `commit status` reads the commit statuses the hub keeps as git notes in the fleet
+// repository; `status` is its former name.
+
 import (
-	"cmp"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -32,39 +34,30 @@ func (f *gitAuthFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.knownHosts, "known-hosts", "", "known_hosts file for SSH (default ~/.ssh/known_hosts)")
 }
 
+// auth reads the files the flags name; without --known-hosts an SSH key is checked
+// against ~/.ssh/known_hosts, as ssh does.
 func (f *gitAuthFlags) auth() (transport.AuthMethod, error) {
-	switch {
-	case f.passwordFile != "" && f.sshKey != "":
-		return nil, fmt.Errorf("--password-file and --ssh-key exclude each other")
-	case f.passwordFile != "":
-		pw, err := os.ReadFile(f.passwordFile)
+	fa := gitsource.FileAuth{Username: f.username, PasswordFile: f.passwordFile, SSHKeyFile: f.sshKey, KnownHostsFile: f.knownHosts}
+	if fa.SSHKeyFile != "" && fa.KnownHostsFile == "" {
+		home, err := os.UserHomeDir()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--known-hosts is not given and the home directory is unknown: %w", err)
 		}
-		return gitsource.HTTPAuth(cmp.Or(f.username, "git"), strings.TrimSpace(string(pw))), nil
-	case f.sshKey != "":
-		key, err := os.ReadFile(f.sshKey)
-		if err != nil {
-			return nil, err
-		}
-		hostsFile := f.knownHosts
-		if hostsFile == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return nil, err
-			}
-			hostsFile = home + "/.ssh/known_hosts"
-		}
-		hosts, err := os.ReadFile(hostsFile)
-		if err != nil {
-			return nil, fmt.Errorf("the server's host key must be known: %w", err)
-		}
-		return gitsource.SSHAuth(f.username, key, nil, hosts)
+		fa.KnownHostsFile = filepath.Join(home, ".ssh", "known_hosts")
 	}
-	return nil, nil
+	return gitsource.AuthFromFiles(fa)
 }
 
-func newStatusCommand() *cobra.Command {
+func newCommitCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "commit",
+		Short: "Read what the hub recorded on the fleet repository's commits",
+	}
+	cmd.AddCommand(newCommitStatusCommand())
+	return cmd
+}
+
+func newCommitStatusCommand() *cobra.Command {
 	var (
 		repo, branch, commit, ref string
 		auth                      gitAuthFlags
@@ -74,7 +67,9 @@ func newStatusCommand() *cobra.Command {
 		Short: "Show the commit statuses the hub recorded as git notes",
 		Long: "status reads the statuses a hub without a forge keeps in the fleet repository, as\n" +
 			"git notes under refs/notes/flotilla, for one commit: by default the head of the\n" +
-			"branch.",
+			"branch. On GitHub, Gitea or GitLab the hub posts them to the forge instead, which\n" +
+			"shows them on the commit. What the hub knows of a cluster now is\n" +
+			"`flotilla cluster status NAME`.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -127,5 +122,19 @@ func newStatusCommand() *cobra.Command {
 	cmd.Flags().StringVar(&ref, "notes-ref", gitnotes.DefaultRef, "notes ref the hub writes")
 	auth.register(cmd)
 	_ = cmd.MarkFlagRequired("repo")
+	return cmd
+}
+
+// newDeprecatedStatusCommand keeps `flotilla status`, the name `commit status` had, for
+// one release. It is hidden from help, and says so on stderr rather than through cobra's
+// Deprecated, which writes to stdout, where scripts read the statuses.
+func newDeprecatedStatusCommand() *cobra.Command {
+	cmd := newCommitStatusCommand()
+	cmd.Hidden = true
+	run := cmd.RunE
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		fmt.Fprintln(cmd.ErrOrStderr(), "flotilla: `flotilla status` is deprecated and will be removed in the next release; use `flotilla commit status`")
+		return run(cmd, args)
+	}
 	return cmd
 }
