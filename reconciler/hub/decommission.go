@@ -1,0 +1,97 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
+)
+
+// decommissionHash is the desired "state" of a cluster leaving the fleet.
+func decommissionHash(wc *v1alpha1.WorkerCluster) string { return "decommission:" + string(wc.UID) }
+
+// decommission asks the agent to prune what it owns; the WorkerCluster goes once it
+// reports done, or when the agent does not come back within StaleAfter. Under the
+// Keep policy nothing on the worker changes: the agent is only revoked.
+func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, head string, policy v1alpha1.DecommissionPolicy) error {
+	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
+	s.log.Info("decommissioning a cluster removed from the fleet", "cluster", wc.Name, "policy", policy)
+	if policy == v1alpha1.DecommissionKeep {
+		wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.SourceCommitAnnotation: head})
+		return s.finishDecommission(ctx, wc, "decommissioned: the worker keeps its objects (decommission: Keep); the agent is revoked")
+	}
+	s.hub.setDesired(identity, &protocol.DesiredState{Generation: wc.Generation, Hash: decommissionHash(wc), Decommission: true})
+	if err := s.patchStatus(ctx, wc.Name, func(w *v1alpha1.WorkerCluster) { w.Status.DesiredHash = decommissionHash(wc) }); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(wc.DeepCopy())
+	wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.DecommissionAnnotation: "prune", v1alpha1.SourceCommitAnnotation: head})
+	if err := s.hub.opts.Client.Patch(ctx, wc, patch); err != nil {
+		return err
+	}
+	s.post(ctx, head, status.Status{Context: s.context(wc.Name), State: status.Pending, Description: "decommissioning: waiting for the agent to prune what it owns"})
+	if s.hub.tunnel != nil {
+		if _, err := s.hub.tunnel.Push(ctx, identity); err != nil {
+			s.log.Warn("pushing the decommission", "cluster", wc.Name, "error", err)
+		}
+	}
+	// The agent may be redialling (a hub restart, a network blip), or be cut off for
+	// not reading what it was sent: it gets the decommission when it connects, and the
+	// WorkerCluster goes without pruning only if no agent is connected for StaleAfter.
+	s.finishIfAgentStaysAway(context.WithoutCancel(ctx), client.ObjectKeyFromObject(wc), identity)
+	return nil
+}
+
+// finishIfAgentStaysAway finishes a decommission without pruning once StaleAfter has
+// passed without the agent reporting it done, unless the agent is connected then: it is
+// still pruning, and is given another StaleAfter.
+func (s *Source) finishIfAgentStaysAway(ctx context.Context, key client.ObjectKey, identity string) {
+	time.AfterFunc(s.hub.opts.StaleAfter, func() {
+		var cur v1alpha1.WorkerCluster
+		if err := s.hub.opts.Client.Get(ctx, key, &cur); err != nil || cur.Annotations[v1alpha1.DecommissionAnnotation] == "" || cur.Status.AppliedHash == decommissionHash(&cur) {
+			return
+		}
+		if s.hub.tunnel != nil && s.hub.tunnel.Connected(identity) {
+			s.finishIfAgentStaysAway(ctx, key, identity)
+			return
+		}
+		if err := s.finishDecommission(ctx, &cur, "removed; the agent did not connect, so nothing was pruned on the worker"); err != nil {
+			s.log.Error("finishing a decommission", "cluster", key.Name, "error", err)
+		}
+	})
+}
+
+func (s *Source) maybeFinishDecommission(ctx context.Context, wc *v1alpha1.WorkerCluster) error {
+	if wc.Status.AppliedHash != decommissionHash(wc) {
+		return nil
+	}
+	return s.finishDecommission(ctx, wc, "decommissioned: the agent pruned what it owned")
+}
+
+// finishDecommission revokes the agent's credential and deletes the WorkerCluster.
+func (s *Source) finishDecommission(ctx context.Context, wc *v1alpha1.WorkerCluster, msg string) error {
+	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
+	if err := tunnel.Revoke(ctx, s.hub.opts.Client, wc); err != nil {
+		return fmt.Errorf("revoking the credential of %s/%s: %w", wc.Namespace, wc.Name, err)
+	}
+	if s.hub.tunnel != nil {
+		s.hub.tunnel.Disconnect(identity)
+	}
+	if err := s.hub.opts.Client.Delete(ctx, wc); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
+	}
+	s.hub.setDesired(identity, nil)
+	s.log.Info("cluster decommissioned", "cluster", wc.Name)
+	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], status.Status{Context: s.context(wc.Name), State: status.Success, Description: msg})
+	s.mu.Lock()
+	delete(s.states, wc.Name)
+	s.mu.Unlock()
+	s.publishFleet(ctx)
+	return nil
+}

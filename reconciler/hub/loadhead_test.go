@@ -1,0 +1,122 @@
+package hub
+
+import (
+	"io/fs"
+	"maps"
+	"path"
+	"strings"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	"github.com/go-git/go-git/v5/plumbing"
+
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	"github.com/flotilla-gitops/flotilla/test/fleetgen"
+)
+
+// readCounter records every path a loader asks a file system about.
+type readCounter struct {
+	fsys fstest.MapFS
+
+	mu    sync.Mutex
+	paths map[string]int
+}
+
+func (r *readCounter) saw(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.paths[name]++
+}
+
+func (r *readCounter) Open(name string) (fs.File, error) { r.saw(name); return r.fsys.Open(name) }
+func (r *readCounter) ReadDir(name string) ([]fs.DirEntry, error) {
+	r.saw(name)
+	return r.fsys.ReadDir(name)
+}
+func (r *readCounter) Stat(name string) (fs.FileInfo, error)  { r.saw(name); return r.fsys.Stat(name) }
+func (r *readCounter) Lstat(name string) (fs.FileInfo, error) { r.saw(name); return r.fsys.Lstat(name) }
+func (r *readCounter) ReadLink(name string) (string, error) {
+	r.saw(name)
+	return r.fsys.ReadLink(name)
+}
+
+// A commit that changes one cluster costs the hub that cluster's directory, whatever
+// the fleet's size; a fleet-wide change reads everything again. Either way the hub holds
+// what loading the whole head would give.
+func TestAHeadIsReadOnlyWhereItChanged(t *testing.T) {
+	const clusters = 1000
+	old := fleetgen.Fleet(clusters, fleetgen.Options{OverlayEvery: 10})
+	changed := fleetgen.ClusterName(clusters - 7)
+	dir := path.Join(fleet.ClustersDir, changed)
+	cordoned := maps.Clone(old)
+	file := path.Join(dir, fleet.ClusterFile)
+	cordoned[file] = &fstest.MapFile{Data: []byte(strings.Replace(string(old[file].Data), "cordoned: false", "cordoned: true", 1)), Mode: 0o644}
+	added := maps.Clone(old)
+	fresh := fleetgen.ClusterName(clusters)
+	fleetgen.AddCluster(added, fresh, old[path.Join(fleet.ClustersDir, fleetgen.ClusterName(0), fleet.EnrollmentFile)].Data, clusters, fleetgen.Options{})
+
+	tests := []struct {
+		name string
+		head fstest.MapFS
+		ch   gitsource.Changes
+		// within is where every read must fall; empty allows the whole head.
+		within []string
+	}{
+		{name: "a cordon reads that cluster's directory alone", head: cordoned, ch: gitsource.Changes{Clusters: []string{changed}}, within: []string{dir}},
+		{name: "a new cluster reads its directory alone", head: added, ch: gitsource.Changes{Clusters: []string{fresh}}, within: []string{path.Join(fleet.ClustersDir, fresh)}},
+		{name: "a fleet-wide change reads the whole head", head: cordoned, ch: gitsource.Changes{All: true, Reason: "fleet.yaml changed"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &Source{hub: &Hub{}}
+			s.setHead(plumbing.NewHash("0123456789abcdef0123456789abcdef01234567"), s.loadHead(old, gitsource.Changes{All: true, Reason: "first read"}), "")
+			counter := &readCounter{fsys: tt.head, paths: map[string]int{}}
+			got := s.loadHead(counter, tt.ch)
+
+			var outside []string
+			dirs := map[string]bool{}
+			for p := range counter.paths {
+				if strings.HasPrefix(p, fleet.ClustersDir+"/") {
+					dirs[strings.SplitN(p, "/", 3)[1]] = true
+				}
+				if len(tt.within) > 0 && !inside(p, tt.within) {
+					outside = append(outside, p)
+				}
+			}
+			if len(outside) > 0 {
+				t.Errorf("%d paths read outside %v, e.g. %q", len(outside), tt.within, outside[0])
+			}
+			if len(tt.within) == 0 && len(dirs) < clusters {
+				t.Errorf("a fleet-wide change read %d cluster directories of %d", len(dirs), clusters)
+			}
+			if len(tt.within) > 0 && len(dirs) != 1 {
+				t.Errorf("%d cluster directories read, want 1", len(dirs))
+			}
+
+			whole := fleet.Load(tt.head)
+			if len(got.Clusters) != len(whole.Clusters) {
+				t.Fatalf("%d clusters held, a whole load has %d", len(got.Clusters), len(whole.Clusters))
+			}
+			for name, c := range whole.Clusters {
+				h := got.Clusters[name]
+				if h == nil || h.Digest != c.Digest || h.Valid() != c.Valid() {
+					t.Fatalf("cluster %s differs from a whole load of the head", name)
+				}
+			}
+			if tt.head[file] == cordoned[file] && !got.Clusters[changed].Object.Spec.Cordoned {
+				t.Errorf("%s is not cordoned after the commit that cordons it", changed)
+			}
+		})
+	}
+}
+
+func inside(p string, dirs []string) bool {
+	for _, d := range dirs {
+		if p == d || strings.HasPrefix(p, d+"/") {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,110 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+)
+
+// refresh sums a WorkerCluster's conditions up, finishes a decommission the agent
+// completed, and publishes the cluster's commit status.
+func (s *Source) refresh(ctx context.Context, name string) error {
+	// A sync and an agent's report may refresh one cluster at once. Were they to
+	// interleave, the one that read the older WorkerCluster could post and remember last,
+	// and the fleet's summary would wait forever on a state long gone: one at a time, the
+	// last refresh reads the newest state.
+	unlock := s.refreshLocks.lock(name)
+	defer unlock()
+	var wc v1alpha1.WorkerCluster
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := s.hub.opts.Client.Get(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: name}, &wc); err != nil {
+			return err
+		}
+		patch := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		if !summarize(&wc) {
+			return nil
+		}
+		return s.hub.opts.Client.Status().Patch(ctx, &wc, patch)
+	})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if wc.Annotations[v1alpha1.DecommissionAnnotation] != "" {
+		return s.maybeFinishDecommission(ctx, &wc)
+	}
+	st := commitStatus(s.context(name), &wc)
+	if why := wc.Annotations[v1alpha1.InvalidAnnotation]; why != "" {
+		st.State, st.Description = status.Failure, why
+	}
+	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], st)
+	s.mu.Lock()
+	s.states[name] = st.State
+	s.mu.Unlock()
+	// Posted whether or not this cluster's state changed: the summary is derived from
+	// every cluster's current state on the current head, and the publisher posts it only
+	// when it reads differently from what the commit shows.
+	s.publishFleet(ctx)
+	return nil
+}
+
+// publishFleet posts the fleet's summary on the head.
+func (s *Source) publishFleet(ctx context.Context) {
+	s.mu.Lock()
+	head, fleetErr, waiting := s.head, s.fleetError, len(s.waitingRemovals)
+	total, ready := len(s.states), 0
+	for _, st := range s.states {
+		if st == status.Success {
+			ready++
+		}
+	}
+	invalid := make([]string, 0, len(s.invalid))
+	for _, why := range s.invalid {
+		invalid = append(invalid, why)
+	}
+	s.mu.Unlock()
+	if head == "" {
+		return
+	}
+	slices.Sort(invalid)
+	st := status.Status{Context: s.context("fleet")}
+	switch {
+	case fleetErr != "" && waiting > 0:
+		// The count leads: the error may be long, and a status description is cut.
+		st.State, st.Description = status.Failure, fmt.Sprintf("%d %s until the fleet validates: %s", waiting, plural(waiting, "removal waits", "removals wait"), fleetErr)
+	case fleetErr != "":
+		st.State, st.Description = status.Failure, fleetErr
+	case len(invalid) > 0:
+		st.State, st.Description = status.Failure, fmt.Sprintf("%d invalid cluster(s): %s", len(invalid), invalid[0])
+	case ready == total:
+		st.State, st.Description = status.Success, fmt.Sprintf("%d of %d clusters ready", ready, total)
+	default:
+		st.State, st.Description = status.Pending, fmt.Sprintf("%d of %d clusters ready", ready, total)
+	}
+	s.post(ctx, head, st)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+func (s *Source) post(ctx context.Context, commit string, st status.Status) {
+	if s.publisher == nil || commit == "" {
+		return
+	}
+	if _, err := s.publisher.Publish(ctx, commit, st); err != nil {
+		s.log.Error("posting a commit status", "context", st.Context, "commit", commit, "error", err)
+	}
+}

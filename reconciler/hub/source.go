@@ -1,0 +1,209 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/go-git/go-git/v5/plumbing"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+)
+
+// refreshWorkers is how many of a source's clusters are summed up and posted at once.
+const refreshWorkers = 4
+
+// SourceOptions name one fleet source.
+type SourceOptions struct {
+	// Name identifies the source in logs and metrics; defaults to the tenant.
+	Name string
+	Git  gitsource.Options
+	// Tenant is the only tenant the source's fleet.yaml may name; Namespace is the
+	// tenant's namespace on the hub, the only one the source writes.
+	Tenant    string
+	Namespace string
+	// Statuses keeps commit statuses; nil posts none.
+	Statuses status.Backend
+	// Poll is the interval between fetches when no webhook arrives. Default 1 minute.
+	Poll time.Duration
+	// PullRequests, when set, says which pull requests into the branch are open, as the
+	// forge knows: only those are planned. Without it every pull-request ref the
+	// repository has is planned, which suits a plain git server, where such refs are
+	// pushed on purpose.
+	PullRequests status.PullRequestLister
+}
+
+// Source is one followed fleet repository.
+type Source struct {
+	hub       *Hub
+	opts      SourceOptions
+	git       *gitsource.Source
+	poller    *gitsource.Poller
+	publisher *status.Publisher
+	log       *slog.Logger
+	// queue holds the names of clusters whose agents reported, for refresh.
+	queue workqueue.TypedRateLimitingInterface[string]
+	// planWake wakes the plan worker after a sync.
+	planWake chan struct{}
+	// refreshLocks keep two refreshes of one cluster apart.
+	refreshLocks keyedLocks
+
+	mu     sync.Mutex
+	last   plumbing.Hash
+	head   string
+	prefix string
+	// states are the clusters' last published statuses, for the fleet's summary.
+	states map[string]status.State
+	// invalid are the clusters of the last head whose directory does not validate.
+	invalid map[string]string
+	// retry are the clusters whose last reconcile failed on the hub's side (the hub
+	// cluster's API, a KMS): the next sync tries them again even if the head is the same.
+	retry map[string]bool
+	// fleetError is set while fleet.yaml or a preset does not validate.
+	fleetError string
+	// fleet is the last head as loaded, which the next head's changed clusters are
+	// read on top of.
+	fleet *fleet.Fleet
+	// waitingRemovals are the clusters removed from the repository while fleet.yaml or
+	// a preset did not validate: nothing is decommissioned on a head whose policy
+	// cannot be read, so they wait for a head that validates.
+	waitingRemovals map[string]bool
+}
+
+// AddSource follows a repository for a tenant.
+func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
+	if opts.Tenant == "" || opts.Namespace == "" {
+		return nil, errors.New("hub: a source needs its tenant and namespace")
+	}
+	if opts.Poll <= 0 {
+		opts.Poll = time.Minute
+	}
+	if opts.Name == "" {
+		opts.Name = opts.Tenant
+	}
+	g, err := gitsource.New(opts.Git)
+	if err != nil {
+		return nil, err
+	}
+	s := &Source{hub: h, opts: opts, git: g, log: h.opts.Log.With("tenant", opts.Tenant, "repository", gitsource.RedactURL(opts.Git.URL)),
+		prefix: fleet.DefaultStatusContextPrefix, states: map[string]status.State{}, invalid: map[string]string{}, retry: map[string]bool{}, waitingRemovals: map[string]bool{},
+		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		planWake: make(chan struct{}, 1)}
+	if opts.Statuses != nil {
+		s.publisher = status.NewPublisher(opts.Statuses, status.PublisherOptions{Log: s.log})
+	}
+	s.poller = gitsource.NewPoller(opts.Poll, 0.1, func(ctx context.Context) {
+		began := time.Now()
+		err := s.Sync(ctx)
+		if h.opts.OnSync != nil {
+			h.opts.OnSync(opts.Name, time.Since(began), err)
+		}
+		if err != nil {
+			s.log.Error("sync failed", "error", err)
+		}
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, dup := h.sources[opts.Namespace]; dup {
+		return nil, fmt.Errorf("hub: two sources write namespace %s", opts.Namespace)
+	}
+	h.sources[opts.Namespace] = s
+	return s, nil
+}
+
+// Trigger asks for a fetch now, e.g. from a webhook; triggers coalesce.
+func (s *Source) Trigger() { s.poller.Trigger() }
+
+// Run syncs at once, then on every trigger and poll, plans the open pull requests
+// beside it, and refreshes the clusters whose agents reported, until ctx ends.
+func (s *Source) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range refreshWorkers {
+		wg.Go(func() {
+			for s.refreshNext(ctx) {
+			}
+		})
+	}
+	wg.Go(func() { s.runPlans(ctx) })
+	s.poller.Run(ctx)
+	s.queue.ShutDown()
+	wg.Wait()
+}
+
+// refreshNext refreshes one queued cluster; false once the queue is shut down.
+func (s *Source) refreshNext(ctx context.Context) bool {
+	name, shutdown := s.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer s.queue.Done(name)
+	if err := s.refresh(ctx, name); err != nil {
+		if ctx.Err() == nil {
+			s.log.Error("refreshing a WorkerCluster", "workerCluster", name, "error", err)
+			s.queue.AddRateLimited(name)
+		}
+		return true
+	}
+	s.queue.Forget(name)
+	return true
+}
+
+// Sync fetches the branch and reconciles what its new head changed, then wakes the
+// plan worker, which plans the pull requests whose heads are new without holding up the
+// next sync.
+func (s *Source) Sync(ctx context.Context) error {
+	err := s.syncBranch(ctx)
+	s.wakePlans()
+	return err
+}
+
+func (s *Source) prefixNow() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prefix
+}
+
+func (s *Source) setHead(h plumbing.Hash, f *fleet.Fleet, fleetErr string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last, s.head, s.fleet, s.fleetError = h, h.String(), f, fleetErr
+}
+
+func (s *Source) context(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prefix + "/" + name
+}
+
+func (s *Source) workerClusters(ctx context.Context) (map[string]*v1alpha1.WorkerCluster, error) {
+	var list v1alpha1.WorkerClusterList
+	if err := s.hub.opts.Client.List(ctx, &list, client.InNamespace(s.opts.Namespace), client.MatchingLabels{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue}); err != nil {
+		return nil, fmt.Errorf("listing WorkerClusters in %s: %w", s.opts.Namespace, err)
+	}
+	out := make(map[string]*v1alpha1.WorkerCluster, len(list.Items))
+	for i := range list.Items {
+		out[list.Items[i].Name] = &list.Items[i]
+	}
+	return out, nil
+}
+
+// keyedLocks serializes work per key over a fixed set of mutexes: two keys may share
+// one, which only costs a little waiting.
+type keyedLocks [64]sync.Mutex
+
+func (l *keyedLocks) lock(key string) (unlock func()) {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	m := &l[h.Sum32()%uint32(len(l))]
+	m.Lock()
+	return m.Unlock
+}

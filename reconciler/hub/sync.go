@@ -1,0 +1,230 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
+)
+
+func (s *Source) syncBranch(ctx context.Context) error {
+	s.mu.Lock()
+	last := s.last
+	retrying := slices.Sorted(maps.Keys(s.retry))
+	s.mu.Unlock()
+	began := time.Now()
+	snap, ch, err := s.git.Update(ctx, last)
+	if s.hub.opts.OnFetch != nil {
+		s.hub.opts.OnFetch(s.opts.Name, time.Since(began), err)
+	}
+	if err != nil {
+		var ve *gitsource.VerificationError
+		if errors.As(err, &ve) {
+			s.post(ctx, ve.Commit, status.Status{Context: s.context("fleet"), State: status.Failure, Description: "not applied: " + ve.Reason})
+		}
+		// A head too large to fetch is never read: like a broken fleet.yaml, nothing
+		// changes on the workers, and the commit says why.
+		var be *gitsource.BudgetError
+		if errors.As(err, &be) {
+			s.post(ctx, be.Commit.String(), status.Status{Context: s.context("fleet"), State: status.Failure, Description: "not applied: " + be.Error()})
+		}
+		return err
+	}
+	if snap.Commit == last && len(retrying) == 0 {
+		return nil
+	}
+	head := snap.Commit.String()
+	log := s.log.With("commit", head)
+	f := s.loadHead(snap.FS(), ch)
+	s.mu.Lock()
+	s.prefix = f.StatusContextPrefix()
+	s.mu.Unlock()
+
+	if f.Spec != nil && f.Spec.Spec.Tenant != s.opts.Tenant {
+		// Tenant isolation: a source writes its own namespace only, whatever the
+		// repository claims.
+		msg := fmt.Sprintf("%s names tenant %q; this repository may only hold tenant %q", fleet.FleetFile, f.Spec.Spec.Tenant, s.opts.Tenant)
+		log.Warn("refused a head", "reason", msg)
+		s.setHead(snap.Commit, f, msg)
+		s.post(ctx, head, status.Status{Context: s.context("fleet"), State: status.Failure, Description: msg})
+		return nil
+	}
+	fleetErr := ""
+	if !f.Valid() {
+		if errs := f.Errors; len(errs) > 0 {
+			fleetErr = errs[0].Error()
+		} else {
+			fleetErr = fleet.FleetFile + ": missing"
+		}
+	}
+
+	existing, err := s.workerClusters(ctx)
+	if err != nil {
+		return err
+	}
+	names := ch.Clusters
+	if ch.All {
+		names = f.ClusterNames()
+		for name := range existing {
+			if f.Clusters[name] == nil {
+				names = append(names, name)
+			}
+		}
+	}
+	s.mu.Lock()
+	waiting := slices.Collect(maps.Keys(s.waitingRemovals))
+	s.mu.Unlock()
+	names = append(slices.Clone(names), retrying...)
+	names = append(names, waiting...)
+	slices.Sort(names)
+	names = slices.Compact(names)
+	log.Info("reconciling a head", "clusters", len(names), "all", ch.All, "reason", ch.Reason, "retrying", len(retrying))
+	// Clusters are independent: their API writes overlap, and a fleet-wide change is
+	// not the sum of each cluster's round trips.
+	var g errgroup.Group
+	g.SetLimit(reconcileWorkers)
+	for _, name := range names {
+		g.Go(func() error {
+			s.reconcileName(ctx, log, f, name, existing[name], head, fleetErr)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	s.setHead(snap.Commit, f, fleetErr)
+	s.publishFleet(ctx)
+	if last.IsZero() {
+		time.AfterFunc(s.hub.opts.StaleAfter, func() { s.markStale(context.WithoutCancel(ctx)) })
+	}
+	return nil
+}
+
+// reconcileWorkers is how many clusters of one head are reconciled at once.
+const reconcileWorkers = 8
+
+// reconcileName brings one cluster of the head to the hub: enrolled or updated,
+// decommissioned when its directory is gone, or failed alone.
+func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.Fleet, name string, wc *v1alpha1.WorkerCluster, head, fleetErr string) {
+	c := f.Clusters[name]
+	began := time.Now()
+	var err error
+	s.mu.Lock()
+	if c == nil {
+		delete(s.invalid, name)
+	}
+	// Back in the repository, or gone from the hub: no longer a removal that waits.
+	if c != nil || wc == nil {
+		delete(s.waitingRemovals, name)
+	}
+	s.mu.Unlock()
+	switch {
+	case c == nil && wc != nil && fleetErr != "":
+		// The policy that says what the worker keeps is in the fleet.yaml that does not
+		// validate, and a head over its budgets may simply not have been read whole:
+		// nothing is decommissioned until a head validates again.
+		s.mu.Lock()
+		s.waitingRemovals[name] = true
+		s.mu.Unlock()
+		log.Warn("a removal waits for a head that validates", "cluster", name)
+		s.post(ctx, head, status.Status{Context: s.context(name), State: status.Pending, Description: "removal waits: the fleet does not validate at this commit; the worker keeps its state"})
+	case c == nil && wc != nil:
+		err = s.decommission(ctx, wc, head, f.DecommissionPolicy())
+		if err == nil {
+			s.mu.Lock()
+			delete(s.waitingRemovals, name)
+			s.mu.Unlock()
+		}
+	case c == nil:
+	case fleetErr != "":
+		// Nothing renders while fleet.yaml or a preset is broken; the workers keep
+		// their last good state.
+	default:
+		err = s.reconcileCluster(ctx, f, c, wc, head)
+	}
+	if s.hub.opts.OnReconcile != nil {
+		s.hub.opts.OnReconcile(s.opts.Name, time.Since(began), err)
+	}
+	s.mu.Lock()
+	if err != nil {
+		s.retry[name] = true
+	} else {
+		delete(s.retry, name)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		// A fault of the hub's, not of the repository: say so on the commit, keep the
+		// worker as it is, and try again on the next poll.
+		log.Error("reconciling a cluster", "cluster", name, "error", err)
+		s.post(ctx, head, status.Status{Context: s.context(name), State: status.Error, Description: faultDescription(err)})
+		if wc != nil {
+			// Best effort: the hub cluster's API may be what failed.
+			cur := wc.DeepCopy()
+			patch := client.MergeFrom(wc)
+			cur.Annotations = mergeMaps(cur.Annotations, map[string]string{v1alpha1.HubErrorAnnotation: faultDetail(err)})
+			if aerr := s.hub.opts.Client.Patch(ctx, cur, patch); aerr != nil {
+				log.Warn("recording a hub fault on its WorkerCluster", "cluster", name, "error", aerr)
+			}
+		}
+	}
+}
+
+// markStale records as disconnected the clusters whose Connected condition a previous
+// hub left True and whose agent did not come back to this one.
+func (s *Source) markStale(ctx context.Context) {
+	if s.hub.tunnel == nil {
+		return
+	}
+	existing, err := s.workerClusters(ctx)
+	if err != nil {
+		s.log.Error("checking for agents that did not come back", "error", err)
+		return
+	}
+	for name, wc := range existing {
+		c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
+		if c == nil || c.Status != metav1.ConditionTrue || s.hub.tunnel.Connected(wc.Labels[v1alpha1.WorkerClusterLabel]) {
+			continue
+		}
+		err := s.patchStatus(ctx, name, func(wc *v1alpha1.WorkerCluster) {
+			meta.SetStatusCondition(&wc.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionConnected, Status: metav1.ConditionFalse,
+				Reason: tunnel.ReasonTunnelDown, Message: "the agent has not connected since the hub restarted", ObservedGeneration: wc.Generation})
+		})
+		if err == nil {
+			err = s.refresh(ctx, name)
+		}
+		if err != nil {
+			s.log.Error("recording a stale connection", "cluster", name, "error", err)
+		}
+	}
+}
+
+// loadHead loads the new head: only the cluster directories it changed, on top of the
+// last head's fleet, so that a change to one cluster costs the same whatever the fleet's
+// size; the whole head when a fleet-wide input changed, at the first read, or when the
+// last head could not be read whole. The head's budgets still hold: a re-read cluster is
+// charged against what the rest of the head uses.
+func (s *Source) loadHead(fsys fs.FS, ch gitsource.Changes) *fleet.Fleet {
+	s.mu.Lock()
+	prev := s.fleet
+	s.mu.Unlock()
+	if ch.All || prev == nil || prev.OverBudget() || prev.Incomplete() {
+		return fleet.LoadWith(fsys, fleet.LoadOptions{Budget: s.hub.opts.Budget})
+	}
+	for _, name := range ch.Clusters {
+		prev.LoadCluster(fsys, name)
+	}
+	return prev
+}
