@@ -21,6 +21,7 @@ import (
 
 func newValidateCommand() *cobra.Command {
 	var ageKey, ref string
+	var budget fleet.Budget
 	cmd := &cobra.Command{
 		Use:   "validate [DIR]",
 		Short: "Check a fleet repository the way the hub will",
@@ -57,7 +58,7 @@ func newValidateCommand() *cobra.Command {
 			} else if fsys, err = openDir(dir); err != nil {
 				return err
 			}
-			f := fleet.Load(fsys)
+			f := fleet.LoadWith(fsys, fleet.LoadOptions{Budget: budget})
 			errs := f.AllErrors()
 			r := render.New()
 			valid := 0
@@ -107,6 +108,11 @@ func newValidateCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&ageKey, "age-key", "", "age key file of the hub: decrypt and check every enrollment file")
+	// The hub's configuration may set other budgets than the defaults (heads: in its
+	// file); CI checks against the same numbers.
+	cmd.Flags().Int64Var(&budget.MaxBytes, "max-bytes", fleet.DefaultMaxBytes, "the hub's heads.maxBytes: file content of the head, every path counted")
+	cmd.Flags().IntVar(&budget.MaxFiles, "max-files", fleet.DefaultMaxFiles, "the hub's heads.maxFiles: files, directories and links followed")
+	cmd.Flags().IntVar(&budget.MaxDepth, "max-depth", fleet.DefaultMaxDepth, "the hub's heads.maxDepth: elements of a path")
 	cmd.Flags().StringVar(&ref, "ref", "", "check this commit (branch, tag, hash, HEAD~1, ...) of the repository DIR is in, as the hub reads it, instead of DIR's files")
 	return cmd
 }

@@ -70,6 +70,11 @@ func TestValidateRefChecksTheCommitAsTheHubReadsIt(t *testing.T) {
 		"over-budget": overBudget,
 		"leak":        {example + "/notes.txt": gittree.Regular("token: " + token.Reveal() + "\n")},
 		"deep":        {example + "/" + strings.Repeat("d/", 30) + "x.yaml": gittree.Regular("x: 1\n")},
+		// A git shorthand beside a local directory of that name: kustomize would clone it.
+		"remote": {
+			example + "/kustomization.yaml":                         gittree.Regular("resources:\n  - github.com/org/repo//dir\n"),
+			example + "/github.com/org/repo/dir/kustomization.yaml": gittree.Regular("resources: []\n"),
+		},
 	})
 
 	// The working tree is the template: it passes, whatever the branches hold.
@@ -83,6 +88,8 @@ func TestValidateRefChecksTheCommitAsTheHubReadsIt(t *testing.T) {
 		// passes.
 		fail  bool
 		lines []string
+		// flags are the hub's budgets, when not its defaults.
+		flags []string
 	}{
 		{ref: "self-link", fail: true, lines: []string{"fleet.yaml:1:1: too many levels of symbolic links"}},
 		{ref: "over-budget", fail: true, lines: []string{
@@ -93,13 +100,15 @@ func TestValidateRefChecksTheCommitAsTheHubReadsIt(t *testing.T) {
 			example + "/" + strings.TrimSuffix(strings.Repeat("d/", 15), "/") + ":1:1: the head nests paths more than 16 deep",
 		}},
 		{ref: "leak", fail: true, lines: []string{example + "/notes.txt:1:8: a plaintext enrollment token (fingerprint"}},
+		{ref: "remote", fail: true, lines: []string{example + "/kustomization.yaml:2:5: ", "would clone it"}},
+		{ref: "main", fail: true, flags: []string{"--max-depth", "2"}, lines: []string{"more than 2 deep"}},
 		{ref: "main", lines: []string{`at main (`, `): fleet "example" is valid: 1 cluster, 2 presets`}},
 		{ref: "self-link~1", lines: []string{`fleet "example" is valid`}},
 		{ref: "HEAD", lines: []string{`fleet "example" is valid`}},
 	}
 	for _, tc := range cases {
-		t.Run(tc.ref, func(t *testing.T) {
-			code, out, errOut := runCLI(t, "validate", "--ref", tc.ref, dir)
+		t.Run(strings.Join(append([]string{tc.ref}, tc.flags...), " "), func(t *testing.T) {
+			code, out, errOut := runCLI(t, append(append([]string{"validate", "--ref", tc.ref}, tc.flags...), dir)...)
 			got := out
 			if tc.fail {
 				got = errOut

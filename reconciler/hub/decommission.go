@@ -44,27 +44,54 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 	// The agent may be redialling (a hub restart, a network blip), or be cut off for
 	// not reading what it was sent: it gets the decommission when it connects, and the
 	// WorkerCluster goes without pruning only if no agent is connected for StaleAfter.
-	s.finishIfAgentStaysAway(context.WithoutCancel(ctx), client.ObjectKeyFromObject(wc), identity)
+	s.awaitPrune(ctx, client.ObjectKeyFromObject(wc), identity, time.Now().Add(maxPruneWaits*s.hub.opts.StaleAfter))
 	return nil
 }
 
-// finishIfAgentStaysAway finishes a decommission without pruning once StaleAfter has
-// passed without the agent reporting it done, unless the agent is connected then: it is
-// still pruning, and is given another StaleAfter.
-func (s *Source) finishIfAgentStaysAway(ctx context.Context, key client.ObjectKey, identity string) {
-	time.AfterFunc(s.hub.opts.StaleAfter, func() {
+// maxPruneWaits bounds, in StaleAfters, how long a connected agent may take to prune:
+// an agent of a removed cluster must not delay its own revocation by staying
+// connected and never reporting the prune done.
+const maxPruneWaits = 10
+
+// awaitPrune finishes a decommission without pruning once StaleAfter has passed
+// without the agent reporting it done, unless the agent is connected then: it is still
+// pruning, and is given another StaleAfter, until deadline. Each cluster has one such
+// timer: a decommission started again replaces it, and none fires after the source
+// stops.
+func (s *Source) awaitPrune(ctx context.Context, key client.ObjectKey, identity string, deadline time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.pruneTimers[key.Name]; t != nil {
+		t.Stop()
+	}
+	var t *time.Timer
+	t = time.AfterFunc(s.hub.opts.StaleAfter, func() {
+		s.mu.Lock()
+		current := s.pruneTimers[key.Name] == t
+		if current {
+			delete(s.pruneTimers, key.Name)
+		}
+		s.mu.Unlock()
+		if !current || ctx.Err() != nil {
+			return
+		}
 		var cur v1alpha1.WorkerCluster
 		if err := s.hub.opts.Client.Get(ctx, key, &cur); err != nil || cur.Annotations[v1alpha1.DecommissionAnnotation] == "" || cur.Status.AppliedHash == decommissionHash(&cur) {
 			return
 		}
+		msg := "removed; the agent did not connect, so nothing was pruned on the worker"
 		if s.hub.tunnel != nil && s.hub.tunnel.Connected(identity) {
-			s.finishIfAgentStaysAway(ctx, key, identity)
-			return
+			if time.Now().Before(deadline) {
+				s.awaitPrune(ctx, key, identity, deadline)
+				return
+			}
+			msg = "removed; the agent did not finish pruning in time, so the worker may keep objects; the agent is revoked"
 		}
-		if err := s.finishDecommission(ctx, &cur, "removed; the agent did not connect, so nothing was pruned on the worker"); err != nil {
+		if err := s.finishDecommission(ctx, &cur, msg); err != nil {
 			s.log.Error("finishing a decommission", "cluster", key.Name, "error", err)
 		}
 	})
+	s.pruneTimers[key.Name] = t
 }
 
 func (s *Source) maybeFinishDecommission(ctx context.Context, wc *v1alpha1.WorkerCluster) error {

@@ -65,9 +65,15 @@ func (s *Source) syncPlans(ctx context.Context) {
 		s.log.Error("reading pull requests", "error", err)
 		return
 	}
+	// The heads planned are remembered apart from the plans' pages, which the store may
+	// evict: a repository with more open pull requests than the store keeps would
+	// otherwise be planned again on every wake. Only the heads still open are kept.
+	planned := make(map[string]bool, len(prs))
+	defer func() { s.plannedHeads = planned }()
 	for _, pr := range prs {
 		head := pr.Head.String()
-		if _, done := store.Get(s.opts.Name, head); done || pr.Merged {
+		if _, kept := store.Get(s.opts.Name, head); kept || s.plannedHeads[head] || pr.Merged {
+			planned[head] = true
 			continue
 		}
 		select {
@@ -86,6 +92,7 @@ func (s *Source) syncPlans(ctx context.Context) {
 			continue
 		}
 		store.Put(s.opts.Name, p)
+		planned[head] = true
 		url := ""
 		if s.hub.opts.PublicURL != "" {
 			url = strings.TrimSuffix(s.hub.opts.PublicURL, "/") + plan.Path(s.opts.Name, head)

@@ -54,6 +54,9 @@ type Source struct {
 	queue workqueue.TypedRateLimitingInterface[string]
 	// planWake wakes the plan worker after a sync.
 	planWake chan struct{}
+	// plannedHeads are the open pull requests' heads already planned; only the plan
+	// worker uses it.
+	plannedHeads map[string]bool
 	// refreshLocks keep two refreshes of one cluster apart.
 	refreshLocks keyedLocks
 
@@ -70,6 +73,8 @@ type Source struct {
 	retry map[string]bool
 	// fleetError is set while fleet.yaml or a preset does not validate.
 	fleetError string
+	// pruneTimers finish the decommissions whose agent stays away, one per cluster.
+	pruneTimers map[string]*time.Timer
 	// fleet is the last head as loaded, which the next head's changed clusters are
 	// read on top of.
 	fleet *fleet.Fleet
@@ -95,7 +100,7 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{hub: h, opts: opts, git: g, log: h.opts.Log.With("tenant", opts.Tenant, "repository", gitsource.RedactURL(opts.Git.URL)),
-		prefix: fleet.DefaultStatusContextPrefix, states: map[string]status.State{}, invalid: map[string]string{}, retry: map[string]bool{}, waitingRemovals: map[string]bool{},
+		prefix: fleet.DefaultStatusContextPrefix, states: map[string]status.State{}, invalid: map[string]string{}, retry: map[string]bool{}, waitingRemovals: map[string]bool{}, pruneTimers: map[string]*time.Timer{},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		planWake: make(chan struct{}, 1)}
 	if opts.Statuses != nil {

@@ -108,7 +108,11 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	s.setHead(snap.Commit, f, fleetErr)
 	s.publishFleet(ctx)
 	if last.IsZero() {
-		time.AfterFunc(s.hub.opts.StaleAfter, func() { s.markStale(context.WithoutCancel(ctx)) })
+		time.AfterFunc(s.hub.opts.StaleAfter, func() {
+			if ctx.Err() == nil {
+				s.markStale(ctx)
+			}
+		})
 	}
 	return nil
 }

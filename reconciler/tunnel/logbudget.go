@@ -10,12 +10,22 @@ import (
 // logRefusal logs a refused request within the budget: a flood of garbage must not
 // become a flood of log lines.
 func (s *Server) logRefusal(log *slog.Logger, level slog.Level, msg string, args ...any) {
-	ok, skipped := s.refusals.take(time.Now())
+	logWithin(&s.refusals, log, level, msg, args...)
+}
+
+// logFault logs a request the hub could not admit through a fault of its own, within a
+// budget of its own: a flood of garbage never hides the hub's faults from its operators.
+func (s *Server) logFault(log *slog.Logger, msg string, args ...any) {
+	logWithin(&s.faults, log, slog.LevelError, msg, args...)
+}
+
+func logWithin(b *logBudget, log *slog.Logger, level slog.Level, msg string, args ...any) {
+	ok, skipped := b.take(time.Now())
 	if !ok {
 		return
 	}
 	if skipped > 0 {
-		log.Warn("refused requests not logged: more arrived than the log takes", "count", skipped)
+		log.Warn("requests not logged: more arrived than the log takes", "count", skipped, "level", level)
 	}
 	// The request's context may be gone; the line is about it, not bound to it.
 	log.Log(context.Background(), level, msg, args...)

@@ -108,6 +108,7 @@ type Server struct {
 	opts     Options
 	upgrader websocket.Upgrader
 	refusals logBudget
+	faults   logBudget
 
 	mu       sync.Mutex
 	sessions map[string]*session // by identity
@@ -199,7 +200,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
-		s.logRefusal(log, slog.LevelError, "agent not admitted: hub fault", "error", err)
+		s.logFault(log, "agent not admitted: hub fault", "error", err)
 		http.Error(w, "the hub cannot admit agents right now", http.StatusServiceUnavailable)
 		return
 	}
