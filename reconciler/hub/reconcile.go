@@ -18,6 +18,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource/status"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
@@ -66,6 +67,18 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 	}
 	if err != nil {
 		return fail(err.Error())
+	}
+	// A token this cluster's agent redeemed before (the cluster was removed and added
+	// back with the same enrollment file) is refused by the tunnel, which tells the
+	// caller nothing: the commit says what to do.
+	if wc == nil || wc.Status.Enrollment == nil || wc.Status.Enrollment.TokenHash != tok.String() {
+		redeemed, err := tunnel.Redeemed(ctx, s.hub.opts.Client, client.ObjectKey{Namespace: s.opts.Namespace, Name: c.Name}, tok)
+		if err != nil {
+			return err
+		}
+		if redeemed {
+			return fail(fmt.Sprintf("%s: this enrollment token was redeemed before; issue a new one with flotilla cluster rotate-token %s", path.Join(c.Dir, fleet.EnrollmentFile), c.Name))
+		}
 	}
 	s.mu.Lock()
 	delete(s.invalid, c.Name)

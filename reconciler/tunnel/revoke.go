@@ -120,13 +120,20 @@ func recordedTokens(sec *corev1.Secret) []string {
 
 // redeemedBefore reports whether the record of wc's name holds token.
 func (s *Server) redeemedBefore(ctx context.Context, wc *v1alpha1.WorkerCluster, token secrets.Hash) (bool, error) {
+	return Redeemed(ctx, s.opts.Reader, client.ObjectKeyFromObject(wc), token)
+}
+
+// Redeemed reports whether the record of redeemed tokens of the WorkerCluster named by
+// key holds token, which the tunnel will refuse: the hub says so on the commit before
+// an agent tries.
+func Redeemed(ctx context.Context, r client.Reader, key client.ObjectKey, token secrets.Hash) (bool, error) {
 	var sec corev1.Secret
-	err := s.opts.Reader.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: RecordSecretName(wc.Name)}, &sec)
+	err := r.Get(ctx, client.ObjectKey{Namespace: key.Namespace, Name: RecordSecretName(key.Name)}, &sec)
 	switch {
 	case apierrors.IsNotFound(err):
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("reading the record of redeemed tokens of WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
+		return false, fmt.Errorf("reading the record of redeemed tokens of WorkerCluster %s: %w", key, err)
 	}
 	return slices.Contains(recordedTokens(&sec), token.String()), nil
 }

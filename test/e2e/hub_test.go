@@ -478,6 +478,12 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		if err := worker().List(t.Context(), &cqs, client.MatchingLabels{v1alpha1.WorkerClusterLabel: v.Cluster.Identity}); err != nil || len(cqs.Items) != 0 {
 			t.Fatalf("the worker still has %d ClusterQueues of gpu-a (%v)", len(cqs.Items), err)
 		}
+
+		// Reverting the removal brings back a token that was redeemed: the tunnel would
+		// refuse it without a word, so the commit says what to do.
+		readded := f.repo.Commit("main", "add gpu-a back", files)
+		f.src.Trigger()
+		f.waitStatus(readded, "flotilla/gpu-a", status.Failure, "redeemed before; issue a new one with flotilla cluster rotate-token gpu-a")
 	})
 }
 
