@@ -20,6 +20,11 @@ type Limits struct {
 	Bytes int64
 	// Objects is the most new commits, directories and files one fetch may bring.
 	Objects int
+	// DirEntries is the most entries one directory may hold. A directory is a single
+	// object of some 30 bytes an entry, so a push of a few MiB can hold millions of
+	// entries, and reading each costs the hub hundreds of bytes: such a directory is
+	// refused while its bytes are counted, before anything reads its entries.
+	DirEntries int
 }
 
 // The default limits. A fleet of 10,000 clusters at depth 1 is tens of thousands of
@@ -36,11 +41,16 @@ type Limits struct {
 // its PullRequestDepth commits. Its defaults admit that, and keep what one hostile
 // pull request can make the hub hold (its content and some 100 bytes an object) under
 // 80 MiB.
+//
+// DefaultDirEntries is the fleet loader's budget of entries for a whole head
+// (fleet.DefaultMaxFiles): a directory with more could never be loaded, and clusters/
+// of a fleet of 10,000 clusters holds a tenth of it.
 const (
 	DefaultBranchBytes        = 256 << 20
 	DefaultBranchObjects      = 500_000
 	DefaultPullRequestBytes   = 64 << 20
 	DefaultPullRequestObjects = 100_000
+	DefaultDirEntries         = 100_000
 )
 
 func (l Limits) withDefaults(bytes int64, objects int) Limits {
@@ -50,11 +60,14 @@ func (l Limits) withDefaults(bytes int64, objects int) Limits {
 	if l.Objects == 0 {
 		l.Objects = objects
 	}
+	if l.DirEntries == 0 {
+		l.DirEntries = DefaultDirEntries
+	}
 	return l
 }
 
 func (l Limits) check(name string) error {
-	if l.Bytes < 0 || l.Objects < 0 {
+	if l.Bytes < 0 || l.Objects < 0 || l.DirEntries < 0 {
 		return fmt.Errorf("gitsource: %s %+v: a limit cannot be negative", name, l)
 	}
 	return nil
@@ -88,6 +101,17 @@ type BudgetError struct {
 	TooManyObjects bool
 	// FileSize, when set, is the size of one file that alone is over the byte budget.
 	FileSize int64
+	// DirEntries, when set, is the number of entries of one directory that alone is
+	// over Limits.DirEntries.
+	DirEntries int
+	// HeldPullRequests or HeldBytes, when set, say that the pull request was not read
+	// because the pull requests with lower numbers already hold that many pull
+	// requests, or that many bytes, the most the hub holds at once
+	// (Options.MaxPullRequests, Options.PullRequestsTotal). Unlike the other budgets
+	// this one is not the head's doing: the same head may be read once some of those
+	// pull requests close, so it should not be remembered as failed for good.
+	HeldPullRequests int
+	HeldBytes        int64
 
 	// per says what one budget is for: "pull request", "fetch of the branch".
 	per string
@@ -99,6 +123,15 @@ func (e *BudgetError) Error() string {
 		history = "its head commit brings"
 	}
 	switch {
+	case e.HeldPullRequests > 0:
+		return fmt.Sprintf("%s: the hub holds at most %d pull requests at once, the oldest first; this one is read once older ones close",
+			e.Scope, e.HeldPullRequests)
+	case e.HeldBytes > 0:
+		return fmt.Sprintf("%s: the hub holds at most %s of pull requests at once, the oldest first; this one is read once older ones close",
+			e.Scope, byteSize(e.HeldBytes))
+	case e.DirEntries > 0:
+		return fmt.Sprintf("%s: %s a directory of %d entries, more than the %d the hub reads in one directory",
+			e.Scope, history, e.DirEntries, e.Limits.DirEntries)
 	case e.TooManyObjects:
 		return fmt.Sprintf("%s: %s more than %d new files, directories and commits, the most the hub reads for one %s",
 			e.Scope, history, e.Limits.Objects, e.per)
@@ -165,11 +198,19 @@ func readPack(r io.Reader, s *store, b budget) ([]*storedObject, error) {
 		}
 		return e
 	}
-	keep := func(offset int64, o *storedObject) {
+	keep := func(offset int64, o *storedObject) error {
+		if o.typ == plumbing.TreeObject && b.DirEntries > 0 {
+			if n := treeEntries(o.data); n > b.DirEntries {
+				e := b.exceeded()
+				e.DirEntries = n
+				return e
+			}
+		}
 		objs = append(objs, o)
 		byOffset[offset] = o
 		byHash[o.hash] = o
 		used += int64(len(o.data))
+		return nil
 	}
 	base := func(d *delta) *storedObject {
 		if d.baseHash.IsZero() {
@@ -199,8 +240,7 @@ func readPack(r io.Reader, s *store, b budget) ([]*storedObject, error) {
 		if uint64(len(data)) != targetSize {
 			return fmt.Errorf("a delta at offset %d: %w", d.offset, packfile.ErrInvalidDelta)
 		}
-		keep(d.offset, newStoredObject(src.typ, data))
-		return nil
+		return keep(d.offset, newStoredObject(src.typ, data))
 	}
 	for range count {
 		h, err := sc.NextObjectHeader()
@@ -216,7 +256,9 @@ func readPack(r io.Reader, s *store, b budget) ([]*storedObject, error) {
 		}
 		switch h.Type {
 		case plumbing.CommitObject, plumbing.TreeObject, plumbing.BlobObject, plumbing.TagObject:
-			keep(h.Offset, newStoredObject(h.Type, data))
+			if err := keep(h.Offset, newStoredObject(h.Type, data)); err != nil {
+				return nil, err
+			}
 		case plumbing.OFSDeltaObject, plumbing.REFDeltaObject:
 			d := delta{offset: h.Offset, baseOffset: h.OffsetReference, baseHash: h.Reference, data: data}
 			if src := base(&d); src != nil {
@@ -254,6 +296,21 @@ func readPack(r io.Reader, s *store, b budget) ([]*storedObject, error) {
 		return nil, fmt.Errorf("reading pack: %w", err)
 	}
 	return objs, nil
+}
+
+// treeEntries counts the entries of a tree's bytes, "<mode> <name>\x00<hash>" each,
+// without decoding them: the count costs no allocation, whatever the tree holds. A
+// malformed tail is not counted; reading the tree reports it.
+func treeEntries(data []byte) int {
+	n := 0
+	for {
+		nul := bytes.IndexByte(data, 0)
+		if nul < 0 || len(data) < nul+1+len(plumbing.ZeroHash) {
+			return n
+		}
+		n++
+		data = data[nul+1+len(plumbing.ZeroHash):]
+	}
 }
 
 // inflate reads the next object's content; the scanner stops at the declared size.

@@ -6,6 +6,7 @@ import (
 	"crypto/sha1"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -211,5 +212,78 @@ func TestStoreKeepsWhatGoGitWrites(t *testing.T) {
 	}
 	if st := s.stats(); st.Objects != 3 || st.Bytes != 300 {
 		t.Fatalf("stats %+v after three 100-byte files", st)
+	}
+}
+
+// wideTree is the bytes of a directory of n entries, all naming one file.
+func wideTree(n int, file plumbing.Hash) []byte {
+	var b bytes.Buffer
+	for i := range n {
+		fmt.Fprintf(&b, "100644 f%07d\x00", i)
+		b.Write(file[:])
+	}
+	return b.Bytes()
+}
+
+// A directory costs the hub some hundreds of bytes an entry to read, and one tree
+// object of a push of a few MiB can hold millions: a directory wider than the budget
+// is refused while its bytes are counted, before any entry is decoded, and says so to
+// whoever pushed it.
+func TestWideDirectoriesAreRefusedBeforeTheirEntriesAreRead(t *testing.T) {
+	file := []byte("x\n")
+	commitOf := func(tree []byte) packEntry {
+		h := plumbing.ComputeHash(plumbing.TreeObject, tree)
+		return packEntry{typ: plumbing.CommitObject, data: fmt.Appendf(nil,
+			"tree %s\nauthor a <a@example.com> 0 +0000\ncommitter a <a@example.com> 0 +0000\n\nwide\n", h)}
+	}
+	narrow := wideTree(10, blobHash(file))
+	widened := wideTree(11, blobHash(file))
+	huge := wideTree(400_000, blobHash(file))
+	for _, tc := range []struct {
+		name    string
+		limits  Limits
+		entries []packEntry
+		// want is the width of the refused directory; 0 when the pack is read.
+		want    int
+		message string
+	}{
+		{"a commit with a directory of 400,000 entries", Limits{}, []packEntry{
+			{typ: plumbing.BlobObject, data: file}, {typ: plumbing.TreeObject, data: huge}, commitOf(huge),
+		}, 400_000, "pull request #4: its last 50 commits bring a directory of 400000 entries, more than the 100000 the hub reads in one directory"},
+		{"a directory as wide as the budget", Limits{DirEntries: 10}, []packEntry{
+			{typ: plumbing.BlobObject, data: file}, {typ: plumbing.TreeObject, data: narrow}, commitOf(narrow),
+		}, 0, ""},
+		{"a delta that widens a directory past the budget", Limits{DirEntries: 10}, []packEntry{
+			{typ: plumbing.BlobObject, data: file}, {typ: plumbing.TreeObject, data: narrow},
+			{typ: plumbing.REFDeltaObject, base: plumbing.ComputeHash(plumbing.TreeObject, narrow), data: packfile.DiffDelta(narrow, widened)},
+		}, 11, "a directory of 11 entries, more than the 10 the hub reads in one directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pack := writePack(t, tc.entries...)
+			b := budget{Limits: tc.limits.withDefaults(DefaultPullRequestBytes, DefaultPullRequestObjects), scope: "pull request #4", per: "pull request", depth: PullRequestDepth}
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			objs, err := readPack(bytes.NewReader(pack), newStore(), b)
+			runtime.ReadMemStats(&after)
+			if tc.want == 0 {
+				if err != nil || len(objs) != len(tc.entries) {
+					t.Fatalf("read %d objects of %d, error %v: want all read", len(objs), len(tc.entries), err)
+				}
+				return
+			}
+			var be *BudgetError
+			if !errors.As(err, &be) || be.DirEntries != tc.want || be.Limits != b.Limits {
+				t.Fatalf("read %d objects, error %+v: want a budget error on a directory of %d entries", len(objs), err, tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.message) {
+				t.Errorf("error %q, want it to say %q", err, tc.message)
+			}
+			// Decoded, the 400,000 entries alone would be some 100 MiB; their bytes
+			// are 14 MiB, read once.
+			if grew := after.TotalAlloc - before.TotalAlloc; grew > 2*uint64(len(pack))+(4<<20) && grew > 32<<20 {
+				t.Errorf("refusing the directory allocated %d MiB for a pack of %d MiB", grew>>20, len(pack)>>20)
+			}
+		})
 	}
 }

@@ -70,11 +70,22 @@ func diff(ctx context.Context, st *store, old, new plumbing.Hash) (Changes, erro
 				return err
 			}
 			// A file directly under clusters/ counts under its own name: the loader
-			// ignores it, so re-reading that name is harmless.
-			return diffEntries(oldDir, newDir, func(o, n treeEntry) error {
+			// ignores it, so re-reading that name is harmless. Past
+			// maxChangedClusters names, re-reading every cluster is what the change
+			// costs anyway, and the names are not kept.
+			err = diffEntries(oldDir, newDir, func(o, n treeEntry) error {
+				if len(clusters) == maxChangedClusters {
+					return errTooManyChanged
+				}
 				clusters[string(o.or(n).name)] = true
 				return nil
 			})
+			if errors.Is(err, errTooManyChanged) {
+				clear(clusters)
+				ch.All, ch.Reason = true, fmt.Sprintf("more than %d cluster directories changed", maxChangedClusters)
+				err = nil
+			}
+			return err
 		}
 		return ctx.Err()
 	})
@@ -84,6 +95,12 @@ func diff(ctx context.Context, st *store, old, new plumbing.Hash) (Changes, erro
 	ch.Clusters = slices.Sorted(maps.Keys(clusters))
 	return ch, nil
 }
+
+// maxChangedClusters is the most changed cluster names a comparison keeps: a fleet
+// of 10,000 clusters, the most a hub is built for, changed all at once.
+const maxChangedClusters = 10_000
+
+var errTooManyChanged = errors.New("too many changed clusters")
 
 // maxReasonDepth bounds how deep firstChange looks for a changed file to name: a
 // reason is for a reader, and a head may nest directories without end.

@@ -67,3 +67,44 @@ func TestDiffRefusesAMalformedTree(t *testing.T) {
 		t.Error("a diff of trees the store lacks succeeded")
 	}
 }
+
+// A head that changes more cluster directories than a fleet is built for asks for
+// every cluster to be re-read, rather than for a list the hub would hold name by name.
+func TestDiffOfMoreClustersThanAFleetHoldsAsksForAll(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		changed int
+		all     bool
+	}{
+		{"as many changed clusters as a fleet holds", maxChangedClusters, false},
+		{"one more", maxChangedClusters + 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore()
+			var file plumbing.Hash
+			clustersOf := func() plumbing.Hash {
+				// clusters/ holds names git sorts as written, each a different file
+				// from the other head's.
+				var b []byte
+				for i := range tc.changed {
+					b = append(append(fmt.Appendf(b, "100644 gpu-%06d", i), 0), file[:]...)
+				}
+				clusters := newStoredObject(plumbing.TreeObject, b)
+				root := newStoredObject(plumbing.TreeObject, append(append([]byte("40000 clusters"), 0), clusters.hash[:]...))
+				s.add([]*storedObject{clusters, root})
+				return root.hash
+			}
+			file[0] = 1
+			old := clustersOf()
+			file[0] = 2
+			ch, err := diff(t.Context(), s, old, clustersOf())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ch.All != tc.all || tc.all && (ch.Clusters != nil || !strings.Contains(ch.Reason, "more than 10000 cluster directories changed")) ||
+				!tc.all && len(ch.Clusters) != tc.changed {
+				t.Fatalf("all %v (%s), %d clusters: want all %v", ch.All, ch.Reason, len(ch.Clusters), tc.all)
+			}
+		})
+	}
+}

@@ -53,14 +53,34 @@ func (s *store) pruned(keep func(plumbing.ReferenceName) bool, roots []plumbing.
 // result are those with a parent it does not hold, so a server is told exactly where
 // the history stops.
 func reachable(s *store, roots []plumbing.Hash, depth int) (map[plumbing.Hash]*storedObject, []plumbing.Hash, error) {
+	objs, commits, err := walk(s, roots, depth, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	var shallow []plumbing.Hash
+	for _, c := range commits {
+		for _, p := range c.ParentHashes {
+			if objs[p] == nil {
+				shallow = append(shallow, c.Hash)
+				break
+			}
+		}
+	}
+	return objs, shallow, nil
+}
+
+// walk finds what reachable does, leaving out known objects and what only they lead
+// to, and returns the commits it decoded too.
+func walk(s *store, roots []plumbing.Hash, depth int, known map[plumbing.Hash]*storedObject) (map[plumbing.Hash]*storedObject, []*object.Commit, error) {
 	objs := map[plumbing.Hash]*storedObject{}
+	seen := func(h plumbing.Hash) bool { return objs[h] != nil || known[h] != nil }
 	var commits []*object.Commit
 	frontier := slices.Clone(roots)
 	for gen := 0; gen < depth && len(frontier) > 0; gen++ {
 		var next []plumbing.Hash
 		for _, h := range frontier {
 			o := s.get(h)
-			if o == nil || objs[h] != nil || o.typ != plumbing.CommitObject {
+			if o == nil || seen(h) || o.typ != plumbing.CommitObject {
 				continue
 			}
 			c, err := object.DecodeCommit(s, o)
@@ -73,21 +93,14 @@ func reachable(s *store, roots []plumbing.Hash, depth int) (map[plumbing.Hash]*s
 		}
 		frontier = next
 	}
-	var shallow []plumbing.Hash
 	trees := make([]plumbing.Hash, 0, len(commits))
 	for _, c := range commits {
-		for _, p := range c.ParentHashes {
-			if objs[p] == nil {
-				shallow = append(shallow, c.Hash)
-				break
-			}
-		}
 		trees = append(trees, c.TreeHash)
 	}
 	for len(trees) > 0 {
 		h := trees[len(trees)-1]
 		trees = trees[:len(trees)-1]
-		if objs[h] != nil {
+		if seen(h) {
 			continue
 		}
 		t := s.get(h)
@@ -104,12 +117,12 @@ func reachable(s *store, roots []plumbing.Hash, depth int) (map[plumbing.Hash]*s
 			}
 			if e.isDir() {
 				trees = append(trees, e.hash)
-			} else if o := s.get(e.hash); o != nil {
+			} else if o := s.get(e.hash); o != nil && known[e.hash] == nil {
 				// A submodule's commit is not in the copy: get finds nothing.
 				objs[e.hash] = o
 			}
 			data = rest
 		}
 	}
-	return objs, shallow, nil
+	return objs, commits, nil
 }

@@ -48,7 +48,9 @@ type PullRequest struct {
 	// then unusable. It is a *BudgetError (errors.As) when the head with its history
 	// would bring more than Options.PullRequestLimits: its message tells the author
 	// which limit the pull request broke, and the head fails the same way until it
-	// changes. Any other Err (the forge refused the fetch, the connection broke, the
+	// changes, except when it says the pull requests before it hold all the hub holds
+	// of pull requests at once (HeldPullRequests or HeldBytes set): that passes as they
+	// close. Any other Err (the forge refused the fetch, the connection broke, the
 	// head's objects do not parse) may pass: the next call tries again.
 	Err error
 
@@ -146,13 +148,48 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 		return nil, s.wrap("fetching the branch for pull requests", err)
 	}
 	s.prs.refs[baseRef] = base
+	// A pull request is charged for what its head and history add to what the branch
+	// and the pull requests before it hold: the same objects are held once, whoever
+	// brought them.
+	held, _, err := walk(s.prs, []plumbing.Hash{base}, PullRequestDepth, nil)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		total    int64
+		admitted int
+	)
 	for _, pr := range prs {
-		if err := s.fetchPullRequest(ctx, pr); err != nil {
+		if admitted >= s.opts.MaxPullRequests {
+			be := s.prBudget(pr).exceeded()
+			be.Commit, be.HeldPullRequests = pr.Head, s.opts.MaxPullRequests
+			pr.Err = be
+			continue
+		}
+		room := s.opts.PullRequestsTotal - total
+		if err := s.fetchPullRequest(ctx, pr, room); err != nil {
 			if ctx.Err() != nil {
 				return nil, s.wrap("fetching pull requests", ctx.Err())
 			}
 			pr.Err = err
+			continue
 		}
+		added, _, err := walk(s.prs, []plumbing.Hash{pr.Head}, PullRequestDepth, held)
+		if err != nil {
+			pr.Err = err
+			continue
+		}
+		var size int64
+		for _, o := range added {
+			size += int64(len(o.data))
+		}
+		if size > room {
+			pr.Err = s.crowded(pr)
+			continue
+		}
+		total += size
+		admitted++
+		maps.Copy(held, added)
 	}
 	if err := s.prunePullRequests(base, prs); err != nil {
 		return nil, err
@@ -181,15 +218,37 @@ func localRef(pr *PullRequest) plumbing.ReferenceName {
 	return plumbing.ReferenceName(fmt.Sprintf("refs/flotilla/%s/%d", m[1], pr.Number))
 }
 
+// prBudget is the budget of pr's own fetch.
+func (s *Source) prBudget(pr *PullRequest) budget {
+	return budget{
+		Limits: s.opts.PullRequestLimits,
+		scope:  fmt.Sprintf("pull request #%d", pr.Number),
+		per:    "pull request",
+		depth:  PullRequestDepth,
+	}
+}
+
+// crowded is the error of pr when the pull requests before it hold all the bytes the
+// hub holds of pull requests.
+func (s *Source) crowded(pr *PullRequest) *BudgetError {
+	be := s.prBudget(pr).exceeded()
+	be.Commit, be.HeldBytes = pr.Head, s.opts.PullRequestsTotal
+	return be
+}
+
 // fetchPullRequest brings pr's head, unless the copy has it, in a session of its own:
-// a head that moved since it was listed is read where it is now.
-func (s *Source) fetchPullRequest(ctx context.Context, pr *PullRequest) error {
+// a head that moved since it was listed is read where it is now. The fetch brings at
+// most room bytes, what the pull requests before it left of Options.PullRequestsTotal.
+func (s *Source) fetchPullRequest(ctx context.Context, pr *PullRequest, room int64) error {
 	local := localRef(pr)
 	if be := s.refused[local]; be != nil && be.Commit == pr.Head {
 		// Over the budget it stays: fetching it again would bring as much again.
 		return be
 	}
 	if !s.prs.have(pr.Head) {
+		if room <= 0 {
+			return s.crowded(pr)
+		}
 		ss, err := s.open(ctx)
 		if err != nil {
 			return err
@@ -200,15 +259,19 @@ func (s *Source) fetchPullRequest(ctx context.Context, pr *PullRequest) error {
 			return fmt.Errorf("%s is gone from %s", pr.Ref, RedactURL(s.opts.URL))
 		}
 		pr.Head = head
-		err = ss.fetch(ctx, s.prs, head, PullRequestDepth, budget{
-			Limits: s.opts.PullRequestLimits,
-			scope:  fmt.Sprintf("pull request #%d", pr.Number),
-			per:    "pull request",
-			depth:  PullRequestDepth,
-		})
+		b := s.prBudget(pr)
+		own := b.Limits
+		b.Bytes = min(b.Bytes, room)
+		err = ss.fetch(ctx, s.prs, head, PullRequestDepth, b)
 		var be *BudgetError
 		if errors.As(err, &be) {
 			be.Commit = head
+			if bytesOnly := !be.TooManyObjects && be.DirEntries == 0 && be.FileSize <= own.Bytes; bytesOnly && b.Bytes < own.Bytes {
+				// Within its own budget, but not within the room the others left: it
+				// may fit once they close, so it is not remembered as refused.
+				return s.crowded(pr)
+			}
+			be.Limits = own
 			s.refused[local] = be
 			return be
 		}

@@ -197,3 +197,94 @@ func TestPullRequestOverTheBudgetIsReportedAndTheOthersAreRead(t *testing.T) {
 		t.Errorf("the pull requests' copy holds %d KiB: what was refused was kept", held>>10)
 	}
 }
+
+// Each pull request is bounded on its own, and all of them together too: past the
+// number or the bytes the hub holds at once, the pull requests with the higher numbers
+// wait, told so, and are read once older ones close.
+func TestPullRequestsPastWhatTheHubHoldsAtOnceWaitTheirTurn(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts gitsource.Options
+		// message is what #3 says while #1 and #2 are open.
+		message string
+	}{
+		{"more pull requests than the hub holds at once", gitsource.Options{MaxPullRequests: 2},
+			"pull request #3: the hub holds at most 2 pull requests at once, the oldest first; this one is read once older ones close"},
+		{"more bytes of pull requests than the hub holds at once", gitsource.Options{PullRequestsTotal: 250 << 10},
+			"pull request #3: the hub holds at most 250 KiB of pull requests at once, the oldest first; this one is read once older ones close"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+			heads := map[int]string{}
+			for n := 1; n <= 3; n++ {
+				branch := fmt.Sprintf("pr-%d", n)
+				// Some 100 KiB each that no other pull request shares.
+				repo.Commit(branch, "payload", map[string][]byte{
+					"clusters/" + fleetgen.ExampleCluster + "/payload.bin": randomFile(uint64(100+n), 100<<10),
+				})
+				heads[n] = repo.SetRef(fmt.Sprintf("refs/pull/%d/head", n), branch)
+			}
+			opts := tc.opts
+			opts.URL, opts.Branch = repo.URL(), "main"
+			s, err := gitsource.New(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Twice: a pull request waiting its turn waits on the next pass too.
+			for range 2 {
+				prs, err := s.PullRequests(t.Context(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(prs) != 3 {
+					t.Fatalf("%d pull requests, want 3", len(prs))
+				}
+				for _, pr := range prs[:2] {
+					if pr.Err != nil || !slices.Equal(pr.Changes.Clusters, []string{fleetgen.ExampleCluster}) {
+						t.Fatalf("#%d: %v, changes %+v: want it read", pr.Number, pr.Err, pr.Changes)
+					}
+				}
+				var be *gitsource.BudgetError
+				if pr := prs[2]; !errors.As(pr.Err, &be) || be.Commit.String() != heads[3] || pr.Err.Error() != tc.message {
+					t.Fatalf("#%d: error %v, want a budget error on %s saying %q", pr.Number, pr.Err, heads[3], tc.message)
+				}
+			}
+			// #1 closes: #3 has its turn.
+			prs, err := s.PullRequests(t.Context(), func(n int) bool { return n != 1 })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(prs) != 2 || prs[1].Number != 3 || prs[1].Err != nil || prs[1].Head.String() != heads[3] {
+				t.Fatalf("after #1 closed: %+v, want #3 read", prs)
+			}
+			if f := fleet.Load(prs[1].FS()); f.Clusters[fleetgen.ExampleCluster].Files["clusters/"+fleetgen.ExampleCluster+"/payload.bin"] == nil {
+				t.Fatal("#3 reads without its change")
+			}
+		})
+	}
+}
+
+// A pull request with a directory wider than the budget is refused at its fetch,
+// before any of the directory's entries is read, in words its author can act on.
+func TestPullRequestWithAWideDirectoryIsRefused(t *testing.T) {
+	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+	notes := map[string][]byte{}
+	for i := range 41 {
+		notes[fmt.Sprintf("clusters/%s/notes/%d.txt", fleetgen.ExampleCluster, i)] = fmt.Appendf(nil, "note %d\n", i)
+	}
+	repo.Commit("wide", "notes", notes)
+	head := repo.SetRef("refs/pull/6/head", "wide")
+	s, err := gitsource.New(gitsource.Options{URL: repo.URL(), Branch: "main", PullRequestLimits: gitsource.Limits{DirEntries: 40}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prs, err := s.PullRequests(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "pull request #6: its last 50 commits bring a directory of 41 entries, more than the 40 the hub reads in one directory"
+	var be *gitsource.BudgetError
+	if len(prs) != 1 || !errors.As(prs[0].Err, &be) || be.Commit.String() != head || be.DirEntries != 41 || prs[0].Err.Error() != want {
+		t.Fatalf("%+v: want #6 refused saying %q", prs, want)
+	}
+}

@@ -31,9 +31,25 @@ type Options struct {
 	BranchLimits Limits
 	// PullRequestLimits bound the fetch of each pull request's head with its history:
 	// a pull request that would bring more is returned with Err set, and the others
-	// are read. Zero fields take DefaultPullRequestBytes and DefaultPullRequestObjects.
+	// are read. Zero fields take DefaultPullRequestBytes, DefaultPullRequestObjects and
+	// DefaultDirEntries.
 	PullRequestLimits Limits
+	// MaxPullRequests and PullRequestsTotal bound the pull requests read at once, in
+	// number and in the bytes their heads and history add to the branch's: pull
+	// requests past either, the lowest numbers first, are returned with Err set to a
+	// *BudgetError that says so, and read once room frees up. Zero takes
+	// DefaultMaxPullRequests and DefaultPullRequestsTotal.
+	MaxPullRequests   int
+	PullRequestsTotal int64
 }
+
+// The defaults keep what all open pull requests together make the hub hold to three
+// pull requests at their own budget, DefaultPullRequestBytes, and the number of them
+// to what a plan pass gets through in minutes.
+const (
+	DefaultMaxPullRequests   = 50
+	DefaultPullRequestsTotal = 3 * DefaultPullRequestBytes
+)
 
 // Source is one followed branch. Its methods are safe for concurrent use; fetches are
 // serialized.
@@ -92,6 +108,15 @@ func New(opts Options) (*Source, error) {
 	}
 	if err := opts.PullRequestLimits.check("PullRequestLimits"); err != nil {
 		return nil, err
+	}
+	if opts.MaxPullRequests < 0 || opts.PullRequestsTotal < 0 {
+		return nil, fmt.Errorf("gitsource: MaxPullRequests %d, PullRequestsTotal %d: a limit cannot be negative", opts.MaxPullRequests, opts.PullRequestsTotal)
+	}
+	if opts.MaxPullRequests == 0 {
+		opts.MaxPullRequests = DefaultMaxPullRequests
+	}
+	if opts.PullRequestsTotal == 0 {
+		opts.PullRequestsTotal = DefaultPullRequestsTotal
 	}
 	opts.BranchLimits = opts.BranchLimits.withDefaults(DefaultBranchBytes, DefaultBranchObjects)
 	opts.PullRequestLimits = opts.PullRequestLimits.withDefaults(DefaultPullRequestBytes, DefaultPullRequestObjects)

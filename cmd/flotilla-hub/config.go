@@ -82,6 +82,12 @@ type Config struct {
 		Fetch struct {
 			Branch      FetchLimits `yaml:"branch"`
 			PullRequest FetchLimits `yaml:"pullRequest"`
+			// OpenPullRequests bounds all open pull requests held at once (default 50
+			// and 192 MiB); the newest wait their turn.
+			OpenPullRequests struct {
+				Max      int   `yaml:"max"`
+				MaxBytes int64 `yaml:"maxBytes"`
+			} `yaml:"openPullRequests"`
 		} `yaml:"fetch"`
 	} `yaml:"heads"`
 	Sources []SourceConfig `yaml:"sources"`
@@ -198,6 +204,9 @@ func (c *Config) check() error {
 		if l.MaxBytes < 0 || l.MaxObjects < 0 {
 			return errors.New("heads.fetch: maxBytes and maxObjects must not be negative")
 		}
+	}
+	if o := c.Heads.Fetch.OpenPullRequests; o.Max < 0 || o.MaxBytes < 0 {
+		return errors.New("heads.fetch.openPullRequests: max and maxBytes must not be negative")
 	}
 	if len(c.Sources) == 0 {
 		return errors.New("sources: no fleet repository to follow")

@@ -245,7 +245,8 @@ func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m 
 	fetch := cfg.Heads.Fetch
 	opts := gitsource.Options{URL: sc.URL, Branch: sc.Branch,
 		BranchLimits:      gitsource.Limits{Bytes: fetch.Branch.MaxBytes, Objects: fetch.Branch.MaxObjects},
-		PullRequestLimits: gitsource.Limits{Bytes: fetch.PullRequest.MaxBytes, Objects: fetch.PullRequest.MaxObjects}}
+		PullRequestLimits: gitsource.Limits{Bytes: fetch.PullRequest.MaxBytes, Objects: fetch.PullRequest.MaxObjects},
+		MaxPullRequests:   fetch.OpenPullRequests.Max, PullRequestsTotal: fetch.OpenPullRequests.MaxBytes}
 	auth, err := gitsource.AuthFromFiles(gitsource.FileAuth{Username: sc.Git.Username, PasswordFile: sc.Git.PasswordFile,
 		SSHKeyFile: sc.Git.SSHKeyFile, KnownHostsFile: sc.Git.KnownHostsFile})
 	if err != nil {

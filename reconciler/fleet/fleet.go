@@ -60,6 +60,8 @@ type Fleet struct {
 	exceeded *Error
 	// incomplete is set when clusters/ is there but could not be listed whole.
 	incomplete bool
+	// kustomize indexes the presets for validating kustomizations, once per load.
+	kustomize *presetIndex
 }
 
 // Preset is a kustomize base under presets/<name>.

@@ -58,16 +58,19 @@ const (
 // kustomization they reach, the way kustomize would reach them, against the rules
 // that the loader checks a fleet with. files is exactly what kustomize's file system
 // holds, keyed by slash-separated path from its root; dirs lie under presets/ or
-// clusters/.
+// clusters/, and are what one render runs kustomize over: a preset, or a cluster's
+// preset and overlay.
 //
 // An empty list proves that kustomize, run in any of dirs over files, fetches nothing,
 // clones nothing and runs no program: each path that a reachable kustomization names
 // is one that kustomize reads as a path (see remoteReason) and that exists in files,
 // no field runs a plugin or Helm, and kustomize's own parser reads each kustomization
 // as it was checked. Kustomize's loader fetches URLs and runs git for remote bases and
-// has no switch to turn that off, so this proof has to come first.
+// has no switch to turn that off, so this proof has to come first. It also proves that
+// the render stays within MaxRenderObjects and MaxRenderInput, counted over all of
+// dirs, since nothing stops kustomize once it runs.
 func ProveLocal(files map[string][]byte, dirs ...string) ErrorList {
-	w := newKustomizeWalk(files, "", func(string) bool { return false })
+	w := newKustomizeWalk(newFileSet(files), "", func(string) bool { return false })
 	for _, d := range dirs {
 		// A caller names these directories in a kustomization of its own, such as
 		// render's, which must be as plain as the rest.
@@ -82,12 +85,31 @@ func ProveLocal(files map[string][]byte, dirs ...string) ErrorList {
 }
 
 // checkKustomizations checks the kustomization in dir, a preset's or a cluster's
-// directory, and every kustomization it reaches. files is what kustomize will be given
-// for it: every preset's files and, for a cluster, its own (presetAndClusterFiles).
-func checkKustomizations(f *Fleet, files map[string][]byte, dir, cluster string, list *ErrorList) {
+// directory, and every kustomization it reaches, and returns what its render costs.
+// files is what kustomize will be given for it: every preset's files and, for a
+// cluster, its own. objects are the objects of the cluster's YAML files that parsed
+// (checkYAMLFiles); base is what the cluster's preset costs, from the preset's
+// directory from.
+func checkKustomizations(f *Fleet, files *fileSet, objects map[string]int, dir, cluster string, base renderCost, from string, list *ErrorList) renderCost {
 	// A file that could not be read has its own error; it does exist.
 	unreadable := func(p string) bool { return hasError(*list, p) || hasError(f.Errors, p) }
 	w := newKustomizeWalk(files, cluster, unreadable)
+	idx := f.kustomizeIndex()
+	w.known = func(p string) (int, bool) {
+		if n, ok := idx.objects[p]; ok {
+			return n, true
+		}
+		if n, ok := objects[p]; ok {
+			return n, true
+		}
+		// A YAML file that did not parse has its errors in the preset or cluster that
+		// holds it; it adds no objects, and nothing of it renders.
+		return 0, yamlChecked(p)
+	}
+	w.cost = base
+	if from != "" {
+		w.prior = []string{from}
+	}
 	w.walk(dir)
 	for _, e := range w.out {
 		// An overlay may include a kustomization of a preset whose own errors are known.
@@ -98,18 +120,30 @@ func checkKustomizations(f *Fleet, files map[string][]byte, dir, cluster string,
 		}
 		*list = append(*list, e)
 	}
+	return w.cost
 }
 
 // kustomizeWalk follows the kustomizations that include one another, as kustomize does,
 // and checks each of them once.
 type kustomizeWalk struct {
-	files      map[string][]byte
+	files      *fileSet
 	cluster    string
 	unreadable func(string) bool
+	// known returns the objects of a file counted already, if it was.
+	known func(string) (int, bool)
 	// checked holds what each kustomization file includes, or nil when it has errors.
 	checked map[string]*kustomization
+	// counted holds the objects of each file this walk counted.
+	counted map[string]int
 	out     ErrorList
 	seen    map[Error]bool
+
+	// Of one render, over the walks of its preset and its overlay:
+	cost renderCost
+	// prior are the directories walked before the one walked now.
+	prior []string
+	// overCost is set once the render broke a limit; it is reported once.
+	overCost bool
 
 	// Of one walk from a preset or overlay:
 	stack     []string
@@ -120,19 +154,24 @@ type kustomizeWalk struct {
 // kustomization is one checked kustomization file.
 type kustomization struct {
 	file string
-	// includes are the directories with a kustomization that it lists as resources or
-	// components.
-	includes []include
+	size int
+	// refs are the files and the directories with a kustomization that it names, in
+	// the order it names them.
+	refs []include
 }
 
 type include struct {
-	ref, dir  string
-	line, col int
+	ref, target string
+	line, col   int
+	// dir is set for a directory with a kustomization, resource for a file of objects
+	// (else a patch or replacements file).
+	dir, resource bool
 }
 
-func newKustomizeWalk(files map[string][]byte, cluster string, unreadable func(string) bool) *kustomizeWalk {
+func newKustomizeWalk(files *fileSet, cluster string, unreadable func(string) bool) *kustomizeWalk {
 	return &kustomizeWalk{files: files, cluster: cluster, unreadable: unreadable,
-		checked: map[string]*kustomization{}, seen: map[Error]bool{}}
+		known:   func(string) (int, bool) { return 0, false },
+		checked: map[string]*kustomization{}, counted: map[string]int{}, seen: map[Error]bool{}}
 }
 
 // errs collects the errors of one file in the walk's list.
@@ -143,7 +182,7 @@ func (w *kustomizeWalk) errs(file string) errs {
 func (w *kustomizeWalk) walk(dir string) {
 	w.stack, w.loads, w.exhausted = w.stack[:0], 0, false
 	before := len(w.out)
-	w.visit(dir)
+	w.visit(dir, nil, errs{})
 	// The same error found on two paths through the kustomizations is one error.
 	kept := w.out[:before]
 	for _, e := range w.out[before:] {
@@ -153,9 +192,12 @@ func (w *kustomizeWalk) walk(dir string) {
 		}
 	}
 	w.out = kept
+	w.prior = append(w.prior, dir)
 }
 
-func (w *kustomizeWalk) visit(dir string) {
+// visit loads the kustomization in dir, which from names in a kustomization whose
+// errors go to fe (from is nil for the directory a walk starts in).
+func (w *kustomizeWalk) visit(dir string, from *include, fe errs) {
 	w.loads++
 	k := w.load(dir)
 	if k == nil {
@@ -163,25 +205,93 @@ func (w *kustomizeWalk) visit(dir string) {
 	}
 	w.stack = append(w.stack, dir)
 	defer func() { w.stack = w.stack[:len(w.stack)-1] }()
+	if from == nil {
+		fe = w.errs(k.file)
+	}
+	if !w.charge(0, k.size, from, fe) {
+		return
+	}
 	e := w.errs(k.file)
-	for _, in := range k.includes {
-		if w.exhausted {
+	for _, in := range k.refs {
+		if w.exhausted || w.overCost {
 			return
 		}
+		if !in.dir {
+			data, _ := w.files.get(in.target)
+			objects := 0
+			if in.resource {
+				objects = w.objects(in.target, data)
+			}
+			w.charge(objects, len(data), &in, e)
+			continue
+		}
 		switch {
-		case slices.ContainsFunc(w.stack, func(d string) bool { return d == in.dir || strings.HasPrefix(d, in.dir+"/") }):
+		case slices.ContainsFunc(w.stack, func(d string) bool { return d == in.target || strings.HasPrefix(d, in.target+"/") }):
 			// Kustomize refuses these too, but only once it has loaded everything on the
 			// way; the walk must end here regardless.
-			e.at(in.line, in.col, "%q includes %s again: kustomizations may not include one another in a cycle, nor a directory above one on the way here", in.ref, in.dir)
+			e.at(in.line, in.col, "%q includes %s again: kustomizations may not include one another in a cycle, nor a directory above one on the way here", in.ref, in.target)
 		case len(w.stack) >= maxKustomizationDepth:
 			e.at(in.line, in.col, "%q nests kustomizations %d deep; at most %d may include one another in a chain", in.ref, len(w.stack)+1, maxKustomizationDepth)
 		case w.loads >= maxKustomizationLoads:
 			e.at(in.line, in.col, "%q makes kustomize load more than %d kustomizations for %s; kustomize loads a directory again each time it is included", in.ref, maxKustomizationLoads, w.stack[0])
 			w.exhausted = true
 		default:
-			w.visit(in.dir)
+			w.visit(in.target, &in, e)
 		}
 	}
+}
+
+// charge adds what one load reads to the render's cost. Past a limit it reports the
+// path that broke it, in, in the kustomization that fe is for (the kustomization
+// itself when in is nil), and reports false.
+func (w *kustomizeWalk) charge(objects, bytes int, in *include, fe errs) bool {
+	if w.overCost {
+		return false
+	}
+	w.cost.objects += objects
+	w.cost.bytes += bytes
+	var what string
+	switch {
+	case w.cost.objects > MaxRenderObjects:
+		what = fmt.Sprintf("more than %d objects", MaxRenderObjects)
+	case w.cost.bytes > MaxRenderInput:
+		what = fmt.Sprintf("more than %s of kustomizations, resources and patches", mebibytes(MaxRenderInput))
+	default:
+		return true
+	}
+	w.overCost = true
+	root := w.stack[0]
+	if len(w.prior) > 0 {
+		root = strings.Join(w.prior, " and ") + " and " + root
+	}
+	const why = "a render has at most that much; kustomize reads a file again each time a kustomization that names it is included"
+	if in == nil {
+		fe.whole("makes kustomize render %s for %s; %s", what, root, why)
+	} else {
+		fe.at(in.line, in.col, "%q makes kustomize render %s for %s; %s", in.ref, what, root, why)
+	}
+	return false
+}
+
+// objects counts the objects kustomize reads from file, once a walk.
+func (w *kustomizeWalk) objects(file string, data []byte) int {
+	if n, ok := w.known(file); ok {
+		return n
+	}
+	if n, ok := w.counted[file]; ok {
+		return n
+	}
+	var list ErrorList
+	docs, ok := parseYAML(data, errs{file: file, cluster: w.cluster, list: &list})
+	n := 0
+	if ok {
+		n = countObjects(docs)
+	} else if !w.unreadable(file) {
+		// Kustomize would read this file; the loader may not have, given its name.
+		w.out = append(w.out, list...)
+	}
+	w.counted[file] = n
+	return n
 }
 
 // load checks the kustomization in dir the first time it is reached.
@@ -203,12 +313,12 @@ func (w *kustomizeWalk) check(dir, file string) *kustomization {
 	namesOK := true
 	for _, name := range konfig.RecognizedKustomizationFileNames() {
 		other := path.Join(dir, name)
-		if _, found := w.files[other]; found && name != KustomizationFile {
+		if _, found := w.files.get(other); found && name != KustomizationFile {
 			w.errs(other).whole("kustomize would read this file as well as or instead of %s; a fleet names its kustomizations %s only", KustomizationFile, KustomizationFile)
 			namesOK = false
 		}
 	}
-	data, found := w.files[file]
+	data, found := w.files.get(file)
 	if !found {
 		if !w.unreadable(file) {
 			w.errs(dir).whole("directory has no %s", KustomizationFile)
@@ -247,7 +357,7 @@ func (w *kustomizeWalk) check(dir, file string) *kustomization {
 	if !readsTheSame(root, data, &k, e) {
 		ok = false
 	}
-	out := &kustomization{file: file}
+	out := &kustomization{file: file, size: len(data)}
 	check := func(ref string, kind refKind, p ...string) {
 		n := locate(root, p...)
 		target, isKustomization, msg := w.checkRef(dir, ref, kind)
@@ -260,8 +370,9 @@ func (w *kustomizeWalk) check(dir, file string) *kustomization {
 		case isKustomization && inCluster(dir) && isWholePreset(target):
 			e.at(n.Line, n.Column, "%q is a whole preset: the cluster's preset is its base already; list only patches and extra objects", ref)
 			ok = false
-		case isKustomization:
-			out.includes = append(out.includes, include{ref: ref, dir: target, line: n.Line, col: n.Column})
+		default:
+			out.refs = append(out.refs, include{ref: ref, target: target, line: n.Line, col: n.Column,
+				dir: isKustomization, resource: kind == refResource})
 		}
 	}
 	for i, r := range k.Resources {
@@ -364,22 +475,20 @@ func (w *kustomizeWalk) checkRef(dir, ref string, kind refKind) (target string, 
 		}
 		return target, false, fmt.Sprintf("%q resolves to %s, outside %s; presets may only name files in presets/", ref, target, strings.Join(roots, " and "))
 	}
-	if _, isFile := w.files[target]; isFile {
+	if _, isFile := w.files.get(target); isFile {
 		if kind == refComponent {
 			return target, false, fmt.Sprintf("%q is a file; a component is a directory with a kustomization.yaml", ref)
 		}
 		return target, false, ""
 	}
-	if _, isDir := w.files[path.Join(target, KustomizationFile)]; isDir {
+	if _, isDir := w.files.get(path.Join(target, KustomizationFile)); isDir {
 		if kind == refFile {
 			return target, false, fmt.Sprintf("%q is a directory; a patch or a replacement names a file", ref)
 		}
 		return target, true, ""
 	}
-	for p := range w.files {
-		if strings.HasPrefix(p, target+"/") {
-			return target, false, fmt.Sprintf("directory %q has no kustomization.yaml", ref)
-		}
+	if w.files.hasDir(target) {
+		return target, false, fmt.Sprintf("directory %q has no kustomization.yaml", ref)
 	}
 	return target, false, fmt.Sprintf("%q does not exist in the repository (remote bases are not allowed)", ref)
 }
@@ -403,21 +512,4 @@ func inCluster(dir string) bool { return strings.HasPrefix(dir, ClustersDir+"/")
 func isWholePreset(dir string) bool {
 	rest, ok := strings.CutPrefix(dir, PresetsDir+"/")
 	return ok && rest != "" && !strings.Contains(rest, "/")
-}
-
-// presetAndClusterFiles is what a kustomization may name: every preset's files and, for
-// an overlay, its own cluster's.
-func (f *Fleet) presetAndClusterFiles(cluster string) map[string][]byte {
-	files := map[string][]byte{}
-	for _, p := range f.Presets {
-		for k, v := range p.Files {
-			files[k] = v
-		}
-	}
-	if c, ok := f.Clusters[path.Base(cluster)]; ok && cluster != "" {
-		for k, v := range c.Files {
-			files[k] = v
-		}
-	}
-	return files
 }

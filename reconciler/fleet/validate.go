@@ -129,28 +129,35 @@ func validatePreset(f *Fleet, p *Preset) {
 	if msgs := validation.IsDNS1123Label(p.Name); len(msgs) > 0 {
 		errs{file: dir, list: &p.Errors}.whole("preset name %q is not a DNS label: %s", p.Name, strings.Join(msgs, "; "))
 	}
-	checkYAMLFiles(p.Files, "", &p.Errors)
+	// Every preset's YAML files were parsed once for the index, which kustomizations of
+	// any preset or overlay may name.
+	idx := f.kustomizeIndex()
+	p.Errors = append(p.Errors, idx.yamlErrors[p.Name]...)
 	k := path.Join(dir, KustomizationFile)
 	if _, ok := p.Files[k]; !ok {
 		errs{file: dir, list: &p.Errors}.whole("preset has no kustomization.yaml")
 		return
 	}
-	checkKustomizations(f, f.presetAndClusterFiles(""), dir, "", &p.Errors)
+	cost := checkKustomizations(f, idx.files, nil, dir, "", renderCost{}, "", &p.Errors)
+	if len(p.Errors) == 0 {
+		idx.cost[p.Name] = cost
+	}
 }
 
 // checkYAMLFiles parses every YAML file other than the ones validated on their own, so
-// that what kustomize later reads is free of NUL bytes, invalid UTF-8 and aliases.
-func checkYAMLFiles(files map[string][]byte, cluster string, list *ErrorList) {
+// that what kustomize later reads is free of NUL bytes, invalid UTF-8 and aliases, and
+// returns the objects kustomize would read from each file that parsed.
+func checkYAMLFiles(files map[string][]byte, cluster string, list *ErrorList) map[string]int {
+	objects := map[string]int{}
 	for p, data := range files {
-		base := path.Base(p)
-		if base == KustomizationFile || base == ClusterFile || base == EnrollmentFile {
+		if !yamlChecked(p) {
 			continue
 		}
-		if ext := path.Ext(p); ext != ".yaml" && ext != ".yml" {
-			continue
+		if docs, ok := parseYAML(data, errs{file: p, cluster: cluster, list: list}); ok {
+			objects[p] = countObjects(docs)
 		}
-		parseYAML(data, errs{file: p, cluster: cluster, list: list})
 	}
+	return objects
 }
 
 func validateCluster(f *Fleet, c *Cluster) {
@@ -158,7 +165,7 @@ func validateCluster(f *Fleet, c *Cluster) {
 	if msgs := validation.IsDNS1123Label(c.Name); len(msgs) > 0 {
 		dirErr.whole("cluster directory name %q is not a DNS label: %s", c.Name, strings.Join(msgs, "; "))
 	}
-	checkYAMLFiles(c.Files, c.Name, &c.Errors)
+	objects := checkYAMLFiles(c.Files, c.Name, &c.Errors)
 
 	cf := path.Join(c.Dir, ClusterFile)
 	e := errs{file: cf, cluster: c.Name, list: &c.Errors}
@@ -184,7 +191,17 @@ func validateCluster(f *Fleet, c *Cluster) {
 	}
 
 	if _, ok := c.Files[path.Join(c.Dir, KustomizationFile)]; ok {
-		checkKustomizations(f, f.presetAndClusterFiles(c.Dir), c.Dir, c.Name, &c.Errors)
+		// The overlay renders on top of its preset, whose cost counts towards the
+		// cluster's limits; a preset with errors is reported as such instead.
+		idx := f.kustomizeIndex()
+		var base renderCost
+		var from string
+		if c.Object != nil {
+			if cost, ok := idx.cost[c.Object.Spec.Preset]; ok && f.Presets[c.Object.Spec.Preset] != nil {
+				base, from = cost, path.Join(PresetsDir, c.Object.Spec.Preset)
+			}
+		}
+		checkKustomizations(f, idx.filesFor(c), objects, c.Dir, c.Name, base, from, &c.Errors)
 	}
 }
 

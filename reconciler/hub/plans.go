@@ -76,6 +76,12 @@ func (s *Source) syncPlans(ctx context.Context) {
 			planned[head] = true
 			continue
 		}
+		if held(pr.Err) {
+			// Waits its turn: said on the commit, and planned on a later pass once older
+			// pull requests close.
+			s.post(ctx, head, status.Status{Context: plan.Context(s.prefixNow()), State: status.Pending, Description: status.Truncate("not planned yet: "+pr.Err.Error(), plan.MaxDescription)})
+			continue
+		}
 		select {
 		case s.hub.planSlots <- struct{}{}:
 		case <-ctx.Done():
@@ -100,6 +106,13 @@ func (s *Source) syncPlans(ctx context.Context) {
 		s.log.Info("planned a pull request", "ref", pr.Ref, "commit", head, "summary", p.Summary())
 		s.post(ctx, head, p.Status(s.prefixNow(), url))
 	}
+}
+
+// held reports whether a pull request was not read because the hub holds as many pull
+// requests as it may at once: not the pull request's fault, and not final.
+func held(err error) bool {
+	var be *gitsource.BudgetError
+	return errors.As(err, &be) && (be.HeldPullRequests > 0 || be.HeldBytes > 0)
 }
 
 // plan computes one pull request's plan within the plan deadline. A head that could not
