@@ -127,7 +127,8 @@ func (t TreeFS) resolve(op, name string, follow bool) (resolved, error) {
 	cur, hops := name, 0
 restart:
 	if cur == "." {
-		return resolved{path: ".", entry: &rootEntry}, nil
+		root := rootEntry // a copy: nothing a caller does reaches the next call
+		return resolved{path: ".", entry: &root}, nil
 	}
 	dirPath, d, rest := ".", t.s.dirs["."], cur
 	for {
