@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
@@ -94,8 +94,8 @@ type statusRecorder struct {
 
 func (r *statusRecorder) WriteHeader(code int) { r.code = code; r.ResponseWriter.WriteHeader(code) }
 
-func (m *metrics) countStatuses(source string, b status.Backend) status.Backend {
-	return &countingBackend{Backend: b, count: func(st status.State, err error) {
+func (m *metrics) countStatuses(source string, b commitstatus.Backend) commitstatus.Backend {
+	return &countingBackend{Backend: b, count: func(st commitstatus.State, err error) {
 		result := "ok"
 		if err != nil {
 			result = "error"
@@ -105,11 +105,11 @@ func (m *metrics) countStatuses(source string, b status.Backend) status.Backend 
 }
 
 type countingBackend struct {
-	status.Backend
-	count func(status.State, error)
+	commitstatus.Backend
+	count func(commitstatus.State, error)
 }
 
-func (c *countingBackend) Set(ctx context.Context, commit string, st status.Status) error {
+func (c *countingBackend) Set(ctx context.Context, commit string, st commitstatus.Status) error {
 	err := c.Backend.Set(ctx, commit, st)
 	c.count(st.State, err)
 	return err

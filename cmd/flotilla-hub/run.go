@@ -28,11 +28,11 @@ import (
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	"github.com/flotilla-gitops/flotilla/gitsource"
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
-	"github.com/flotilla-gitops/flotilla/gitsource/status/gitea"
-	"github.com/flotilla-gitops/flotilla/gitsource/status/github"
-	"github.com/flotilla-gitops/flotilla/gitsource/status/gitlab"
-	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitea"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/github"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitlab"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitnotes"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/hub"
@@ -266,14 +266,14 @@ func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m 
 	}
 	// The forge, when it can say, names the open pull requests; closed ones keep
 	// their refs forever.
-	lister, _ := backend.(status.PullRequestLister)
+	lister, _ := backend.(commitstatus.PullRequestLister)
 	if backend != nil {
 		backend = m.countStatuses(sc.Name, backend)
 	}
 	return h.AddSource(hub.SourceOptions{Name: sc.Name, Git: opts, Tenant: sc.Tenant, Namespace: sc.Namespace, Statuses: backend, Poll: time.Duration(sc.Poll), PullRequests: lister})
 }
 
-func statusBackend(ctx context.Context, sc SourceConfig, git gitsource.Options) (status.Backend, error) {
+func statusBackend(ctx context.Context, sc SourceConfig, git gitsource.Options) (commitstatus.Backend, error) {
 	s := sc.Statuses
 	token := func() (string, error) {
 		if s.TokenFile == "" {

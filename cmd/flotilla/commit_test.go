@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
-	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitnotes"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
 )
 
@@ -20,14 +20,14 @@ func TestCommitStatusShowsTheNotesOfACommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := status.NewPublisher(b, status.PublisherOptions{})
+	p := commitstatus.NewPublisher(b, commitstatus.PublisherOptions{})
 	for _, s := range []struct {
 		commit string
-		st     status.Status
+		st     commitstatus.Status
 	}{
-		{first, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready · 8× H100 80GB on 1 node"}},
-		{head, status.Status{Context: "flotilla/b", State: status.Pending, Description: "waiting for the agent to register"}},
-		{head, status.Status{Context: "flotilla/fleet", State: status.Pending, Description: "1 of 2 clusters ready"}},
+		{first, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready · 8× H100 80GB on 1 node"}},
+		{head, commitstatus.Status{Context: "flotilla/b", State: commitstatus.Pending, Description: "waiting for the agent to register"}},
+		{head, commitstatus.Status{Context: "flotilla/fleet", State: commitstatus.Pending, Description: "1 of 2 clusters ready"}},
 	} {
 		if _, err := p.Publish(context.Background(), s.commit, s.st); err != nil {
 			t.Fatal(err)
@@ -80,8 +80,8 @@ func TestStatusIsAHiddenDeprecatedNameOfCommitStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"}
-	if _, err := status.NewPublisher(b, status.PublisherOptions{}).Publish(t.Context(), head, st); err != nil {
+	st := commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready"}
+	if _, err := commitstatus.NewPublisher(b, commitstatus.PublisherOptions{}).Publish(t.Context(), head, st); err != nil {
 		t.Fatal(err)
 	}
 

@@ -7,7 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 )
@@ -104,19 +104,19 @@ func productName(p string) string {
 
 // commitStatus is what the cluster's context says: success when ready, failure when the
 // worker refused or failed the desired state, pending otherwise.
-func commitStatus(context string, wc *v1alpha1.WorkerCluster) status.Status {
-	st := status.Status{Context: context}
+func commitStatus(context string, wc *v1alpha1.WorkerCluster) commitstatus.Status {
+	st := commitstatus.Status{Context: context}
 	ready := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionReady)
 	configured := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionWorkerConfigured)
 	switch {
 	case ready != nil && ready.Status == metav1.ConditionTrue:
-		st.State, st.Description = status.Success, ready.Message
+		st.State, st.Description = commitstatus.Success, ready.Message
 	case configured != nil && configured.Status == metav1.ConditionFalse && configured.Reason != tunnel.ReasonOutdated:
-		st.State, st.Description = status.Failure, configured.Message
+		st.State, st.Description = commitstatus.Failure, configured.Message
 	case ready != nil:
-		st.State, st.Description = status.Pending, ready.Message
+		st.State, st.Description = commitstatus.Pending, ready.Message
 	default:
-		st.State, st.Description = status.Pending, "waiting for the hub"
+		st.State, st.Description = commitstatus.Pending, "waiting for the hub"
 	}
 	return st
 }

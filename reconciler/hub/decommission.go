@@ -8,7 +8,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 )
@@ -35,7 +35,7 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 	if err := s.hub.opts.Client.Patch(ctx, wc, patch); err != nil {
 		return err
 	}
-	s.post(ctx, head, status.Status{Context: s.context(wc.Name), State: status.Pending, Description: "decommissioning: waiting for the agent to prune what it owns"})
+	s.post(ctx, head, commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Pending, Description: "decommissioning: waiting for the agent to prune what it owns"})
 	if s.hub.tunnel != nil {
 		if _, err := s.hub.tunnel.Push(ctx, identity); err != nil {
 			s.log.Warn("pushing the decommission", "cluster", wc.Name, "error", err)
@@ -115,7 +115,7 @@ func (s *Source) finishDecommission(ctx context.Context, wc *v1alpha1.WorkerClus
 	}
 	s.hub.setDesired(identity, nil)
 	s.log.Info("cluster decommissioned", "cluster", wc.Name)
-	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], status.Status{Context: s.context(wc.Name), State: status.Success, Description: msg})
+	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Success, Description: msg})
 	s.mu.Lock()
 	delete(s.states, wc.Name)
 	s.mu.Unlock()

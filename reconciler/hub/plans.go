@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 )
@@ -79,7 +79,7 @@ func (s *Source) syncPlans(ctx context.Context) {
 		if held(pr.Err) {
 			// Waits its turn: said on the commit, and planned on a later pass once older
 			// pull requests close.
-			s.post(ctx, head, status.Status{Context: plan.Context(s.prefixNow()), State: status.Pending, Description: status.Truncate("not planned yet: "+pr.Err.Error(), plan.MaxDescription)})
+			s.post(ctx, head, commitstatus.Status{Context: plan.Context(s.prefixNow()), State: commitstatus.Pending, Description: commitstatus.Truncate("not planned yet: "+pr.Err.Error(), plan.MaxDescription)})
 			continue
 		}
 		select {
@@ -94,7 +94,7 @@ func (s *Source) syncPlans(ctx context.Context) {
 				return
 			}
 			s.log.Error("planning a pull request", "ref", pr.Ref, "commit", head, "error", err)
-			s.post(ctx, head, status.Status{Context: plan.Context(s.prefixNow()), State: status.Error, Description: "hub error: could not plan this pull request; see the hub's log"})
+			s.post(ctx, head, commitstatus.Status{Context: plan.Context(s.prefixNow()), State: commitstatus.Error, Description: "hub error: could not plan this pull request; see the hub's log"})
 			continue
 		}
 		store.Put(s.opts.Name, p)

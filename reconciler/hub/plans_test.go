@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	"github.com/flotilla-gitops/flotilla/reconciler/render"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
@@ -34,11 +34,11 @@ func TestAPlanPastItsDeadlineFailsSayingSo(t *testing.T) {
 	tests := []struct {
 		name     string
 		deadline time.Duration
-		state    status.State
+		state    commitstatus.State
 		summary  string
 	}{
-		{"a plan within its deadline is planned", time.Minute, status.Success, "~1"},
-		{"a plan past its deadline fails saying so", time.Nanosecond, status.Failure, "not planned: planning took longer than 1ns"},
+		{"a plan within its deadline is planned", time.Minute, commitstatus.Success, "~1"},
+		{"a plan past its deadline fails saying so", time.Nanosecond, commitstatus.Failure, "not planned: planning took longer than 1ns"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
@@ -44,7 +44,7 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 	}
 	st := commitStatus(s.context(name), &wc)
 	if why := wc.Annotations[v1alpha1.InvalidAnnotation]; why != "" {
-		st.State, st.Description = status.Failure, why
+		st.State, st.Description = commitstatus.Failure, why
 	}
 	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], st)
 	s.mu.Lock()
@@ -63,7 +63,7 @@ func (s *Source) publishFleet(ctx context.Context) {
 	head, fleetErr, waiting := s.head, s.fleetError, len(s.waitingRemovals)
 	total, ready := len(s.states), 0
 	for _, st := range s.states {
-		if st == status.Success {
+		if st == commitstatus.Success {
 			ready++
 		}
 	}
@@ -76,19 +76,19 @@ func (s *Source) publishFleet(ctx context.Context) {
 		return
 	}
 	slices.Sort(invalid)
-	st := status.Status{Context: s.context("fleet")}
+	st := commitstatus.Status{Context: s.context("fleet")}
 	switch {
 	case fleetErr != "" && waiting > 0:
 		// The count leads: the error may be long, and a status description is cut.
-		st.State, st.Description = status.Failure, fmt.Sprintf("%d %s until the fleet validates: %s", waiting, plural(waiting, "removal waits", "removals wait"), fleetErr)
+		st.State, st.Description = commitstatus.Failure, fmt.Sprintf("%d %s until the fleet validates: %s", waiting, plural(waiting, "removal waits", "removals wait"), fleetErr)
 	case fleetErr != "":
-		st.State, st.Description = status.Failure, fleetErr
+		st.State, st.Description = commitstatus.Failure, fleetErr
 	case len(invalid) > 0:
-		st.State, st.Description = status.Failure, fmt.Sprintf("%d invalid cluster(s): %s", len(invalid), invalid[0])
+		st.State, st.Description = commitstatus.Failure, fmt.Sprintf("%d invalid cluster(s): %s", len(invalid), invalid[0])
 	case ready == total:
-		st.State, st.Description = status.Success, fmt.Sprintf("%d of %d clusters ready", ready, total)
+		st.State, st.Description = commitstatus.Success, fmt.Sprintf("%d of %d clusters ready", ready, total)
 	default:
-		st.State, st.Description = status.Pending, fmt.Sprintf("%d of %d clusters ready", ready, total)
+		st.State, st.Description = commitstatus.Pending, fmt.Sprintf("%d of %d clusters ready", ready, total)
 	}
 	s.post(ctx, head, st)
 }
@@ -100,7 +100,7 @@ func plural(n int, one, many string) string {
 	return many
 }
 
-func (s *Source) post(ctx context.Context, commit string, st status.Status) {
+func (s *Source) post(ctx context.Context, commit string, st commitstatus.Status) {
 	if s.publisher == nil || commit == "" {
 		return
 	}

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
@@ -43,7 +43,7 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		s.mu.Lock()
 		s.invalid[c.Name] = why
 		s.mu.Unlock()
-		s.post(ctx, head, status.Status{Context: s.context(c.Name), State: status.Failure, Description: why})
+		s.post(ctx, head, commitstatus.Status{Context: s.context(c.Name), State: commitstatus.Failure, Description: why})
 		if wc == nil {
 			return nil
 		}

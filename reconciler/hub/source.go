@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 )
@@ -32,14 +32,14 @@ type SourceOptions struct {
 	Tenant    string
 	Namespace string
 	// Statuses keeps commit statuses; nil posts none.
-	Statuses status.Backend
+	Statuses commitstatus.Backend
 	// Poll is the interval between fetches when no webhook arrives. Default 1 minute.
 	Poll time.Duration
 	// PullRequests, when set, says which pull requests into the branch are open, as the
 	// forge knows: only those are planned. Without it every pull-request ref the
 	// repository has is planned, which suits a plain git server, where such refs are
 	// pushed on purpose.
-	PullRequests status.PullRequestLister
+	PullRequests commitstatus.PullRequestLister
 }
 
 // Source is one followed fleet repository.
@@ -48,7 +48,7 @@ type Source struct {
 	opts      SourceOptions
 	git       *gitsource.Source
 	poller    *gitsource.Poller
-	publisher *status.Publisher
+	publisher *commitstatus.Publisher
 	log       *slog.Logger
 	// queue holds the names of clusters whose agents reported, for refresh.
 	queue workqueue.TypedRateLimitingInterface[string]
@@ -65,7 +65,7 @@ type Source struct {
 	head   string
 	prefix string
 	// states are the clusters' last published statuses, for the fleet's summary.
-	states map[string]status.State
+	states map[string]commitstatus.State
 	// invalid are the clusters of the last head whose directory does not validate.
 	invalid map[string]string
 	// retry are the clusters whose last reconcile failed on the hub's side (the hub
@@ -100,11 +100,11 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{hub: h, opts: opts, git: g, log: h.opts.Log.With("tenant", opts.Tenant, "repository", gitsource.RedactURL(opts.Git.URL)),
-		prefix: fleet.DefaultStatusContextPrefix, states: map[string]status.State{}, invalid: map[string]string{}, retry: map[string]bool{}, waitingRemovals: map[string]bool{}, pruneTimers: map[string]*time.Timer{},
+		prefix: fleet.DefaultStatusContextPrefix, states: map[string]commitstatus.State{}, invalid: map[string]string{}, retry: map[string]bool{}, waitingRemovals: map[string]bool{}, pruneTimers: map[string]*time.Timer{},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		planWake: make(chan struct{}, 1)}
 	if opts.Statuses != nil {
-		s.publisher = status.NewPublisher(opts.Statuses, status.PublisherOptions{Log: s.log})
+		s.publisher = commitstatus.NewPublisher(opts.Statuses, commitstatus.PublisherOptions{Log: s.log})
 	}
 	s.poller = gitsource.NewPoller(opts.Poll, 0.1, func(ctx context.Context) {
 		began := time.Now()

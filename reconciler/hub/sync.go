@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
@@ -35,13 +35,13 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	if err != nil {
 		var ve *gitsource.VerificationError
 		if errors.As(err, &ve) {
-			s.post(ctx, ve.Commit, status.Status{Context: s.context("fleet"), State: status.Failure, Description: "not applied: " + ve.Reason})
+			s.post(ctx, ve.Commit, commitstatus.Status{Context: s.context("fleet"), State: commitstatus.Failure, Description: "not applied: " + ve.Reason})
 		}
 		// A head too large to fetch is never read: like a broken fleet.yaml, nothing
 		// changes on the workers, and the commit says why.
 		var be *gitsource.BudgetError
 		if errors.As(err, &be) {
-			s.post(ctx, be.Commit.String(), status.Status{Context: s.context("fleet"), State: status.Failure, Description: "not applied: " + be.Error()})
+			s.post(ctx, be.Commit.String(), commitstatus.Status{Context: s.context("fleet"), State: commitstatus.Failure, Description: "not applied: " + be.Error()})
 		}
 		return err
 	}
@@ -61,7 +61,7 @@ func (s *Source) syncBranch(ctx context.Context) error {
 		msg := fmt.Sprintf("%s names tenant %q; this repository may only hold tenant %q", fleet.FleetFile, f.Spec.Spec.Tenant, s.opts.Tenant)
 		log.Warn("refused a head", "reason", msg)
 		s.setHead(snap.Commit, f, msg)
-		s.post(ctx, head, status.Status{Context: s.context("fleet"), State: status.Failure, Description: msg})
+		s.post(ctx, head, commitstatus.Status{Context: s.context("fleet"), State: commitstatus.Failure, Description: msg})
 		return nil
 	}
 	fleetErr := ""
@@ -144,7 +144,7 @@ func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.F
 		s.waitingRemovals[name] = true
 		s.mu.Unlock()
 		log.Warn("a removal waits for a head that validates", "cluster", name)
-		s.post(ctx, head, status.Status{Context: s.context(name), State: status.Pending, Description: "removal waits: the fleet does not validate at this commit; the worker keeps its state"})
+		s.post(ctx, head, commitstatus.Status{Context: s.context(name), State: commitstatus.Pending, Description: "removal waits: the fleet does not validate at this commit; the worker keeps its state"})
 	case c == nil && wc != nil:
 		err = s.decommission(ctx, wc, head, f.DecommissionPolicy())
 		if err == nil {
@@ -173,7 +173,7 @@ func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.F
 		// A fault of the hub's, not of the repository: say so on the commit, keep the
 		// worker as it is, and try again on the next poll.
 		log.Error("reconciling a cluster", "cluster", name, "error", err)
-		s.post(ctx, head, status.Status{Context: s.context(name), State: status.Error, Description: faultDescription(err)})
+		s.post(ctx, head, commitstatus.Status{Context: s.context(name), State: commitstatus.Error, Description: faultDescription(err)})
 		if wc != nil {
 			// Best effort: the hub cluster's API may be what failed.
 			cur := wc.DeepCopy()

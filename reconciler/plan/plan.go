@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/render"
@@ -193,16 +193,16 @@ func (p *Plan) Cluster(name string) *ClusterPlan {
 }
 
 // State is Failure when the head has problems, Success otherwise.
-func (p *Plan) State() status.State {
+func (p *Plan) State() commitstatus.State {
 	if len(p.FleetErrors) > 0 {
-		return status.Failure
+		return commitstatus.Failure
 	}
 	for _, c := range p.Clusters {
 		if len(c.Errors) > 0 {
-			return status.Failure
+			return commitstatus.Failure
 		}
 	}
-	return status.Success
+	return commitstatus.Success
 }
 
 // Summary says in one line what the plan found: the head's first problems, or the
@@ -258,11 +258,11 @@ func Context(prefix string) string {
 
 // Status is the commit status to post on the head: the plan's state with its summary
 // cut to MaxDescription, linking to url, where the plan's page is served.
-func (p *Plan) Status(prefix, url string) status.Status {
-	return status.Status{
+func (p *Plan) Status(prefix, url string) commitstatus.Status {
+	return commitstatus.Status{
 		Context:     Context(prefix),
 		State:       p.State(),
-		Description: status.Truncate(p.Summary(), MaxDescription),
+		Description: commitstatus.Truncate(p.Summary(), MaxDescription),
 		TargetURL:   url,
 	}
 }
@@ -587,10 +587,10 @@ func (p *Plan) MarshalJSON() ([]byte, error) {
 	type plain Plan
 	return json.Marshal(struct {
 		*plain
-		State       status.State   `json:"state"`
-		Summary     string         `json:"summary"`
-		FleetErrors []jsonError    `json:"fleetErrors"`
-		Clusters    []*ClusterPlan `json:"clusters"`
+		State       commitstatus.State `json:"state"`
+		Summary     string             `json:"summary"`
+		FleetErrors []jsonError        `json:"fleetErrors"`
+		Clusters    []*ClusterPlan     `json:"clusters"`
 	}{(*plain)(p), p.State(), p.Summary(), jsonErrors(p.FleetErrors), nonNil(p.Clusters)})
 }
 

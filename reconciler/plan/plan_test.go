@@ -13,7 +13,7 @@ import (
 	"testing/fstest"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/render"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
@@ -78,14 +78,14 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 	tests := []struct {
 		name    string
 		files   map[string][]byte
-		state   status.State
+		state   commitstatus.State
 		summary string
 		check   func(t *testing.T, p *plan.Plan)
 	}{
 		{
 			name:    "a pull request adding a cluster adds its objects",
 			files:   cluster("gpu-b", exampleAs("gpu-b")),
-			state:   status.Success,
+			state:   commitstatus.Success,
 			summary: "+1 cluster, ~0, -0 · 6 objects changed",
 			check: func(t *testing.T, p *plan.Plan) {
 				c := only(t, p, "gpu-b", plan.Added)
@@ -103,7 +103,7 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 		{
 			name:    "a pull request cordoning a cluster holds its ClusterQueue",
 			files:   map[string][]byte{clusterFile(fleetgen.ExampleCluster): []byte(strings.Replace(templateFile(clusterFile(fleetgen.ExampleCluster)), "cordoned: false", "cordoned: true", 1))},
-			state:   status.Success,
+			state:   commitstatus.Success,
 			summary: "+0 clusters, ~1, -0 · 1 object changed",
 			check: func(t *testing.T, p *plan.Plan) {
 				c := only(t, p, fleetgen.ExampleCluster, plan.Changed)
@@ -119,7 +119,7 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 		{
 			name:    "a pull request with an invalid cluster fails naming the file and line",
 			files:   cluster("gpu-c", invalid),
-			state:   status.Failure,
+			state:   commitstatus.Failure,
 			summary: position("clusters/gpu-c/cluster.yaml", string(invalid), "residency") + `: residency "mars" is not allowed in this fleet; fleet.yaml allows us, eu`,
 			check: func(t *testing.T, p *plan.Plan) {
 				c := only(t, p, "gpu-c", plan.Added)
@@ -131,7 +131,7 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 		{
 			name:    "a pull request breaking fleet.yaml fails naming it",
 			files:   map[string][]byte{"fleet.yaml": []byte(brokenFleet)},
-			state:   status.Failure,
+			state:   commitstatus.Failure,
 			summary: position("fleet.yaml", brokenFleet, "hubURL") + `: spec.hubURL "http://hub.example.com" must be a wss:// URL with a host; http:// is not accepted`,
 			check: func(t *testing.T, p *plan.Plan) {
 				if !p.AllClusters || len(p.FleetErrors) != 1 || len(p.Clusters) != 2 {
@@ -147,7 +147,7 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 		{
 			name:    "a pull request removing a cluster removes its objects",
 			files:   map[string][]byte{clusterFile("gpu-a"): nil, "clusters/gpu-a/enrollment.sops.yaml": nil},
-			state:   status.Success,
+			state:   commitstatus.Success,
 			summary: "+0 clusters, ~0, -1 · 4 objects changed",
 			check: func(t *testing.T, p *plan.Plan) {
 				c := only(t, p, "gpu-a", plan.Removed)
@@ -168,7 +168,7 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 			name: "a preset change plans every cluster and leaves the others unchanged",
 			files: map[string][]byte{"presets/gpu/queues.yaml": []byte(strings.Replace(templateFile("presets/gpu/queues.yaml"),
 				"  name: default-flavor\n", "  name: default-flavor\nspec:\n  nodeLabels:\n    pool: gpu\n", 1))},
-			state:   status.Success,
+			state:   commitstatus.Success,
 			summary: "+0 clusters, ~1, -0, 1 unchanged · 1 object changed",
 			check: func(t *testing.T, p *plan.Plan) {
 				if !p.AllClusters || p.Reason == "" {
@@ -183,7 +183,7 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 		{
 			name:    "a pull request changing no cluster plans nothing",
 			files:   map[string][]byte{"README.md": []byte("docs\n")},
-			state:   status.Success,
+			state:   commitstatus.Success,
 			summary: "no cluster changes",
 			check: func(t *testing.T, p *plan.Plan) {
 				if len(p.Clusters) != 0 {
@@ -197,7 +197,7 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 				"clusters/gpu-y/kustomization.yaml": []byte(fleetgen.Overlay),
 				"clusters/gpu-y/priority.yaml":      []byte(overlay),
 			}),
-			state: status.Failure,
+			state: commitstatus.Failure,
 			check: func(t *testing.T, p *plan.Plan) {
 				if !strings.Contains(p.Summary(), hostileResidency) {
 					t.Errorf("summary %q does not name the bad residency", p.Summary())
@@ -259,7 +259,7 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 			if st.Context != "flotilla/plan" || st.State != tt.state || st.TargetURL != "https://hub.example.com/plans/acme/"+p.Commit {
 				t.Errorf("status %+v, want %s on flotilla/plan linking to the plan", st, tt.state)
 			}
-			if tt.summary != "" && st.Description != status.Truncate(tt.summary, plan.MaxDescription) {
+			if tt.summary != "" && st.Description != commitstatus.Truncate(tt.summary, plan.MaxDescription) {
 				t.Errorf("description\n%q\nwant\n%q", st.Description, tt.summary)
 			}
 			if n := len([]rune(st.Description)); n > plan.MaxDescription {
@@ -364,7 +364,7 @@ func TestComputeRendersAtMostMaxRenderedClustersAndSummarizesTheRest(t *testing.
 	if want := (plan.Counts{Changed: limit, Objects: 2 * limit, Summarized: total - limit}); p.Counts != want {
 		t.Fatalf("counts %+v, want %+v: %d clusters rendered with a Namespace and a LocalQueue each, the rest summarized", p.Counts, want, limit)
 	}
-	if p.State() != status.Success {
+	if p.State() != commitstatus.Success {
 		t.Errorf("a partial plan is %s, want success", p.State())
 	}
 	summarized := 0

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 )
@@ -19,25 +19,25 @@ func TestStatusSaysWhatThePlanFound(t *testing.T) {
 		name   string
 		plan   *plan.Plan
 		prefix string
-		state  status.State
+		state  commitstatus.State
 		want   string
 	}{
 		{
 			name:  "counts name clusters added, changed, removed and unchanged, and objects",
 			plan:  &plan.Plan{BaseFound: true, Clusters: clusters(6), Counts: plan.Counts{Added: 2, Changed: 1, Removed: 0, Unchanged: 3, Objects: 1}},
-			state: status.Success,
+			state: commitstatus.Success,
 			want:  "+2 clusters, ~1, -0, 3 unchanged · 1 object changed",
 		},
 		{
 			name:  "a comparison with the branch's head says so",
 			plan:  &plan.Plan{Clusters: clusters(1), Counts: plan.Counts{Changed: 1, Objects: 2}},
-			state: status.Success,
+			state: commitstatus.Success,
 			want:  "+0 clusters, ~1, -0 · 2 objects changed · compared with the branch's head",
 		},
 		{
 			name:  "one error is quoted whole",
 			plan:  &plan.Plan{BaseFound: true, Clusters: []*plan.ClusterPlan{{Name: "gpu-1", Errors: fleet.ErrorList{clusterErr(1)}}}},
-			state: status.Failure,
+			state: commitstatus.Failure,
 			want:  "clusters/gpu-1/cluster.yaml:7:3: spec.preset is required",
 		},
 		{
@@ -45,16 +45,16 @@ func TestStatusSaysWhatThePlanFound(t *testing.T) {
 			plan: &plan.Plan{BaseFound: true,
 				FleetErrors: fleet.ErrorList{{File: "presets/gpu/kustomization.yaml", Message: "kustomize: accumulating resources:\n\tmissing.yaml"}},
 				Clusters:    []*plan.ClusterPlan{{Name: "gpu-1", Errors: fleet.ErrorList{clusterErr(1)}}}},
-			state: status.Failure,
-			want:  "2 errors: presets/gpu/kustomization.yaml:1:1: kustomize: accumulating resources: missing.yaml; clusters/gpu-1/cluster.yaml:7:3: spec.preset" + status.Ellipsis,
+			state: commitstatus.Failure,
+			want:  "2 errors: presets/gpu/kustomization.yaml:1:1: kustomize: accumulating resources: missing.yaml; clusters/gpu-1/cluster.yaml:7:3: spec.preset" + commitstatus.Ellipsis,
 		},
 		{
 			name: "many errors are cut to the forges' limit",
 			plan: &plan.Plan{BaseFound: true, Clusters: []*plan.ClusterPlan{
 				{Name: "gpu-1", Errors: fleet.ErrorList{clusterErr(1)}}, {Name: "gpu-2", Errors: fleet.ErrorList{clusterErr(2)}}, {Name: "gpu-3", Errors: fleet.ErrorList{clusterErr(3)}}}},
 			prefix: "acme",
-			state:  status.Failure,
-			want:   "3 errors: clusters/gpu-1/cluster.yaml:7:3: spec.preset is required; clusters/gpu-2/cluster.yaml:7:3: spec.preset is required; clusters/gpu-" + status.Ellipsis,
+			state:  commitstatus.Failure,
+			want:   "3 errors: clusters/gpu-1/cluster.yaml:7:3: spec.preset is required; clusters/gpu-2/cluster.yaml:7:3: spec.preset is required; clusters/gpu-" + commitstatus.Ellipsis,
 		},
 	}
 	for _, tt := range tests {
@@ -88,13 +88,13 @@ func clusters(n int) []*plan.ClusterPlan {
 func TestRequireTenantFailsAPlanForAnotherTenant(t *testing.T) {
 	tests := []struct {
 		name, headTenant string
-		state            status.State
+		state            commitstatus.State
 		summary          string
 	}{
-		{name: "the repository's own tenant passes", headTenant: "acme", state: status.Success, summary: "no cluster changes"},
-		{name: "another tenant fails as the hub would on merge", headTenant: "globex", state: status.Failure,
+		{name: "the repository's own tenant passes", headTenant: "acme", state: commitstatus.Success, summary: "no cluster changes"},
+		{name: "another tenant fails as the hub would on merge", headTenant: "globex", state: commitstatus.Failure,
 			summary: `fleet.yaml:1:1: names tenant "globex"; this repository may only hold tenant "acme"`},
-		{name: "an unreadable fleet.yaml is left to its own errors", headTenant: "", state: status.Success, summary: "no cluster changes"},
+		{name: "an unreadable fleet.yaml is left to its own errors", headTenant: "", state: commitstatus.Success, summary: "no cluster changes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -33,8 +33,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
-	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitnotes"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
@@ -418,7 +418,7 @@ func (d *demo) enroll(w *worker) {
 	d.notifyHub(pull, head)
 	st := d.waitStatus(head, contextPrefix+"plan")
 	d.say("    pull request #%d: %splan on %s is %s: %s", d.pulls, contextPrefix, short(head), st.State, st.Description)
-	if st.State != status.Success {
+	if st.State != commitstatus.Success {
 		d.fail("the hub's plan of %s is %s: %s", w.name, st.State, st.Description)
 	}
 
@@ -432,8 +432,8 @@ func (d *demo) enroll(w *worker) {
 }
 
 // waitStatus waits for a final (not pending) status of context on commit.
-func (d *demo) waitStatus(commit, context string) status.Status {
-	var st status.Status
+func (d *demo) waitStatus(commit, context string) commitstatus.Status {
+	var st commitstatus.Status
 	d.wait(fmt.Sprintf("%s on %s", context, short(commit)), 200*time.Millisecond, func() (bool, string) {
 		got, err := d.notes.Latest(d.run, commit)
 		if err != nil {
@@ -443,7 +443,7 @@ func (d *demo) waitStatus(commit, context string) status.Status {
 		if st.State == "" {
 			return false, "no status yet"
 		}
-		return st.State != status.Pending, fmt.Sprintf("%s: %s", st.State, st.Description)
+		return st.State != commitstatus.Pending, fmt.Sprintf("%s: %s", st.State, st.Description)
 	})
 	return st
 }

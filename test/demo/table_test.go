@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
@@ -26,7 +26,7 @@ type row struct {
 	name                                           string
 	registered, connected, configured, ready, gpus string
 	commit                                         string
-	status                                         status.Status
+	status                                         commitstatus.Status
 	conditions                                     []metav1.Condition
 }
 
@@ -34,7 +34,7 @@ type row struct {
 // at the desired state and ready, and its commit says so.
 func (r row) green() bool {
 	return r.registered == "True" && r.connected == "True" && r.configured == "True" && r.ready == "True" &&
-		r.status.State == status.Success
+		r.status.State == commitstatus.Success
 }
 
 func (r row) cells() []string {

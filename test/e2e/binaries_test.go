@@ -21,8 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
-	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitnotes"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
@@ -137,7 +137,7 @@ sources:
 	repo.Branch("main", "add-gpu-p")
 	valuesP, branchHead := f.addCluster("add-gpu-p", "gpu-p")
 	repo.SetRef("refs/pull/1/head", "add-gpu-p")
-	planned := f.waitStatus(branchHead, "flotilla/plan", status.Success, "+1 cluster")
+	planned := f.waitStatus(branchHead, "flotilla/plan", commitstatus.Success, "+1 cluster")
 	// The plan's link is the page a reviewer opens: gpu-p's rendered objects, added.
 	if want := "http://" + httpAddr + "/plans/procs/" + branchHead; planned.TargetURL != want {
 		t.Fatalf("the plan links to %q, want %q", planned.TargetURL, want)
@@ -149,7 +149,7 @@ sources:
 		t.Fatal("a plan created the WorkerCluster")
 	}
 	merge := repo.Merge("main", "add-gpu-p", "Merge: add gpu-p")
-	f.waitStatus(merge, "flotilla/gpu-p", status.Pending, "enrollment token")
+	f.waitStatus(merge, "flotilla/gpu-p", commitstatus.Pending, "enrollment token")
 
 	agentNS := "flotilla-gpu-p"
 	if err := worker().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNS}}); err != nil {
@@ -158,7 +158,7 @@ sources:
 	valuesFile := filepath.Join(checkout, "values.gpu-p.local.yaml")
 	agentArgs := []string{"--values", valuesFile, "--kubeconfig", workerKubeconfig, "--namespace", agentNS, "--allow-insecure-loopback", "--heartbeat", "1s", "--listen", freeAddr(t)}
 	agentProc := startProcess(t, "flotilla-agent", agentArgs...)
-	f.waitStatus(merge, "flotilla/gpu-p", status.Success, "ready")
+	f.waitStatus(merge, "flotilla/gpu-p", commitstatus.Success, "ready")
 
 	wcKey := types.NamespacedName{Namespace: ns, Name: "gpu-p"}
 	var wc v1alpha1.WorkerCluster
@@ -193,14 +193,14 @@ sources:
 		repo.Branch("main", "add-gpu-q")
 		_, prHead := f.addCluster("add-gpu-q", "gpu-q")
 		repo.SetRef("refs/pull/3/head", "add-gpu-q")
-		f.waitStatus(prHead, "flotilla/plan", status.Success, "+1 cluster")
+		f.waitStatus(prHead, "flotilla/plan", commitstatus.Success, "+1 cluster")
 		added := repo.Merge("main", "add-gpu-q", "Merge: add gpu-q")
 		if err := planes[2].Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flotilla-gpu-q"}}); err != nil {
 			t.Fatal(err)
 		}
 		startProcess(outer, "flotilla-agent", "--values", filepath.Join(checkout, "values.gpu-q.local.yaml"), "--kubeconfig", second,
 			"--namespace", "flotilla-gpu-q", "--allow-insecure-loopback", "--heartbeat", "1s", "--listen", freeAddr(t))
-		f.waitStatus(added, "flotilla/gpu-q", status.Success, "ready")
+		f.waitStatus(added, "flotilla/gpu-q", commitstatus.Success, "ready")
 
 		queues := filepath.Join(checkout, "presets", "gpu", "queues.yaml")
 		data, err := os.ReadFile(queues)
@@ -210,7 +210,7 @@ sources:
 		strict := strings.Replace(string(data), "  namespaceSelector: {}\n", "  namespaceSelector: {}\n  queueingStrategy: StrictFIFO\n", 1)
 		preset := repo.Commit("main", "strict FIFO for every cluster", map[string][]byte{"presets/gpu/queues.yaml": []byte(strict)})
 		for _, name := range []string{"gpu-p", "gpu-q"} {
-			f.waitStatus(preset, "flotilla/"+name, status.Success, "ready")
+			f.waitStatus(preset, "flotilla/"+name, commitstatus.Success, "ready")
 		}
 		for i, w := range []int{1, 2} {
 			var cq unstructured.Unstructured
@@ -234,9 +234,9 @@ sources:
 		repo.Branch("main", "cordon-gpu-q")
 		prHead := repo.Commit("cordon-gpu-q", "cordon gpu-q", map[string][]byte{"clusters/gpu-q/cluster.yaml": data})
 		repo.SetRef("refs/pull/2/head", "cordon-gpu-q")
-		f.waitStatus(prHead, "flotilla/plan", status.Success, "~1")
+		f.waitStatus(prHead, "flotilla/plan", commitstatus.Success, "~1")
 		merged := repo.Merge("main", "cordon-gpu-q", "Merge: cordon gpu-q")
-		f.waitStatus(merged, "flotilla/gpu-q", status.Success, "ready")
+		f.waitStatus(merged, "flotilla/gpu-q", commitstatus.Success, "ready")
 		var cq unstructured.Unstructured
 		cq.SetGroupVersionKind(schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "ClusterQueue"})
 		if err := planes[2].Client.Get(ctx, types.NamespacedName{Name: "cluster-queue"}, &cq); err != nil {
@@ -250,14 +250,14 @@ sources:
 	t.Run("an invalid cluster fails alone, naming the file and line", func(t *testing.T) {
 		before := f.statusCommit("gpu-p")
 		bad := repo.Commit("main", "a cluster in a forbidden place", map[string][]byte{"clusters/gpu-x/cluster.yaml": []byte("apiVersion: flotilla.dev/v1alpha1\nkind: WorkerCluster\nmetadata:\n  name: gpu-x\nspec:\n  region: us-east1\n  residency: mars\n  preset: gpu\n")})
-		f.waitStatus(bad, "flotilla/gpu-x", status.Failure, "clusters/gpu-x/cluster.yaml:7:")
-		f.waitStatus(bad, "flotilla/fleet", status.Failure, "invalid")
+		f.waitStatus(bad, "flotilla/gpu-x", commitstatus.Failure, "clusters/gpu-x/cluster.yaml:7:")
+		f.waitStatus(bad, "flotilla/fleet", commitstatus.Failure, "invalid")
 		if got := f.statusCommit("gpu-p"); got != before {
 			t.Fatalf("gpu-p's status moved to %s, a commit that did not touch it", got)
 		}
-		f.waitStatus(before, "flotilla/gpu-p", status.Success, "ready")
+		f.waitStatus(before, "flotilla/gpu-p", commitstatus.Success, "ready")
 		dropped := repo.Commit("main", "drop the invalid cluster", map[string][]byte{"clusters/gpu-x/cluster.yaml": nil})
-		f.waitStatus(dropped, "flotilla/fleet", status.Success, "2 of 2 clusters ready")
+		f.waitStatus(dropped, "flotilla/fleet", commitstatus.Success, "2 of 2 clusters ready")
 	})
 
 	t.Run("the hub serves health, readiness and metrics", func(t *testing.T) {
@@ -306,9 +306,9 @@ sources:
 		} else {
 			t.Logf("disconnection recorded %s after the kill (hub heartbeat timeout 2s)", took.Round(time.Millisecond))
 		}
-		f.waitStatus(f.statusCommit("gpu-p"), "flotilla/gpu-p", status.Pending, "")
+		f.waitStatus(f.statusCommit("gpu-p"), "flotilla/gpu-p", commitstatus.Pending, "")
 		agentProc.start()
-		f.waitStatus(f.statusCommit("gpu-p"), "flotilla/gpu-p", status.Success, "ready")
+		f.waitStatus(f.statusCommit("gpu-p"), "flotilla/gpu-p", commitstatus.Success, "ready")
 	})
 
 	t.Run("a restarted hub posts nothing twice and the agent reconnects", func(t *testing.T) {
@@ -324,8 +324,8 @@ sources:
 			return strings.Count(hubProc.log.String(), `"msg":"agent connected"`) > connects, ""
 		})
 		connected(metav1.ConditionTrue)
-		f.waitStatus(f.statusCommit("gpu-p"), "flotilla/gpu-p", status.Success, "ready")
-		f.waitStatus(f.statusCommit("gpu-q"), "flotilla/gpu-q", status.Success, "ready")
+		f.waitStatus(f.statusCommit("gpu-p"), "flotilla/gpu-p", commitstatus.Success, "ready")
+		f.waitStatus(f.statusCommit("gpu-q"), "flotilla/gpu-q", commitstatus.Success, "ready")
 		after, err := notes.Read(ctx, current)
 		if err != nil {
 			t.Fatal(err)
@@ -347,7 +347,7 @@ sources:
 			t.Fatalf("flotilla cluster remove left clusters/gpu-p: %v", err)
 		}
 		removed := repo.Commit("main", "remove gpu-p", rm)
-		f.waitStatus(removed, "flotilla/gpu-p", status.Success, "decommissioned")
+		f.waitStatus(removed, "flotilla/gpu-p", commitstatus.Success, "decommissioned")
 		eventually(t, "the WorkerCluster gone", func() (bool, string) {
 			err := hub().Get(context.Background(), wcKey, &v1alpha1.WorkerCluster{})
 			return err != nil, "still there"

@@ -29,8 +29,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
-	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitnotes"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	fhub "github.com/flotilla-gitops/flotilla/reconciler/hub"
@@ -288,7 +288,7 @@ func (f *fleetRepo) edited(t testing.TB, file, old, new string) (before, after [
 }
 
 // statusOf reads a context's status on commit, as `flotilla commit status` would.
-func (f *fleetRepo) statusOf(commit, context string) status.Status {
+func (f *fleetRepo) statusOf(commit, context string) commitstatus.Status {
 	f.t.Helper()
 	got, err := f.notes.Latest(f.t.Context(), commit)
 	if err != nil {
@@ -297,9 +297,9 @@ func (f *fleetRepo) statusOf(commit, context string) status.Status {
 	return got[context]
 }
 
-func (f *fleetRepo) waitStatus(commit, context string, want status.State, contains string) status.Status {
+func (f *fleetRepo) waitStatus(commit, context string, want commitstatus.State, contains string) commitstatus.Status {
 	f.t.Helper()
-	var st status.Status
+	var st commitstatus.Status
 	eventually(f.t, fmt.Sprintf("%s %s on %.8s", context, want, commit), func() (bool, string) {
 		st = f.statusOf(commit, context)
 		return st.State == want && strings.Contains(st.Description, contains), fmt.Sprintf("%s: %s", st.State, st.Description)
@@ -348,20 +348,20 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 	closed := f.repo.Commit("abandoned", "an idea", map[string][]byte{"README.md": []byte("abandoned\n")})
 	f.repo.SetRef("refs/pull/9/head", "abandoned")
 	f.src.Trigger()
-	f.waitStatus(branchHead, "flotilla/plan", status.Success, "+1 cluster")
+	f.waitStatus(branchHead, "flotilla/plan", commitstatus.Success, "+1 cluster")
 	if err := hub().Get(t.Context(), types.NamespacedName{Namespace: f.ns, Name: "gpu-a"}, &v1alpha1.WorkerCluster{}); err == nil {
 		t.Fatal("a plan created the WorkerCluster")
 	}
 	began := time.Now()
 	merge := f.repo.Merge("main", "add-gpu-a", "Merge: add gpu-a")
 	f.src.Trigger()
-	f.waitStatus(merge, "flotilla/gpu-a", status.Pending, "enrollment token")
-	f.waitStatus(merge, "flotilla/fleet", status.Pending, "0 of 1")
+	f.waitStatus(merge, "flotilla/gpu-a", commitstatus.Pending, "enrollment token")
+	f.waitStatus(merge, "flotilla/fleet", commitstatus.Pending, "0 of 1")
 
 	f.startAgent(v)
-	f.waitStatus(merge, "flotilla/gpu-a", status.Success, "ready")
+	f.waitStatus(merge, "flotilla/gpu-a", commitstatus.Success, "ready")
 	t.Logf("merge to success, agent started after the merge: %s", time.Since(began).Round(time.Millisecond))
-	f.waitStatus(merge, "flotilla/fleet", status.Success, "1 of 1")
+	f.waitStatus(merge, "flotilla/fleet", commitstatus.Success, "1 of 1")
 	// Several syncs later, each of which planned what it found open.
 	if st := f.statusOf(closed, "flotilla/plan"); st.State != "" {
 		t.Fatalf("a closed pull request was planned: %+v", st)
@@ -383,11 +383,11 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 	t.Run("an invalid cluster fails alone, naming file and line", func(t *testing.T) {
 		bad := f.repo.Commit("main", "break gpu-b", map[string][]byte{"clusters/gpu-b/cluster.yaml": []byte("apiVersion: flotilla.dev/v1alpha1\nkind: WorkerCluster\nmetadata:\n  name: gpu-b\nspec:\n  region: us-east1\n  residency: mars\n  preset: gpu\n")})
 		f.src.Trigger()
-		st := f.waitStatus(bad, "flotilla/gpu-b", status.Failure, "clusters/gpu-b/cluster.yaml:")
+		st := f.waitStatus(bad, "flotilla/gpu-b", commitstatus.Failure, "clusters/gpu-b/cluster.yaml:")
 		t.Logf("failure: %s", st.Description)
-		f.waitStatus(bad, "flotilla/fleet", status.Failure, "invalid")
+		f.waitStatus(bad, "flotilla/fleet", commitstatus.Failure, "invalid")
 		// gpu-a did not change: its status stays on its own commit, green.
-		f.waitStatus(merge, "flotilla/gpu-a", status.Success, "ready")
+		f.waitStatus(merge, "flotilla/gpu-a", commitstatus.Success, "ready")
 		if got := f.statusOf(bad, "flotilla/gpu-a"); got.State != "" {
 			t.Fatalf("gpu-a got a status on a commit that did not touch it: %+v", got)
 		}
@@ -404,11 +404,11 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		prHead := f.repo.Commit("cordon-gpu-a", "cordon gpu-a", map[string][]byte{"clusters/gpu-a/cluster.yaml": cordoned})
 		f.repo.SetRef("refs/pull/2/head", "cordon-gpu-a")
 		f.src.Trigger()
-		f.waitStatus(prHead, "flotilla/plan", status.Success, "~1")
+		f.waitStatus(prHead, "flotilla/plan", commitstatus.Success, "~1")
 		began := time.Now()
 		cordon := f.repo.Merge("main", "cordon-gpu-a", "Merge: cordon gpu-a")
 		f.src.Trigger()
-		f.waitStatus(cordon, "flotilla/gpu-a", status.Success, "ready")
+		f.waitStatus(cordon, "flotilla/gpu-a", commitstatus.Success, "ready")
 		t.Logf("push to success for a connected cluster: %s", time.Since(began).Round(time.Millisecond))
 		var cqs unstructured.UnstructuredList
 		cqs.SetGroupVersionKind(schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "ClusterQueueList"})
@@ -426,14 +426,14 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		fleetFile, stolen := f.edited(t, "fleet.yaml", "tenant: acme", "tenant: globex")
 		bad := f.repo.Commit("main", "claim another tenant", map[string][]byte{"fleet.yaml": stolen})
 		f.src.Trigger()
-		f.waitStatus(bad, "flotilla/fleet", status.Failure, `names tenant "globex"`)
+		f.waitStatus(bad, "flotilla/fleet", commitstatus.Failure, `names tenant "globex"`)
 		var list v1alpha1.WorkerClusterList
 		if err := hub().List(t.Context(), &list, client.MatchingLabels{v1alpha1.WorkerClusterLabel: fleet.Identity("globex", "gpu-a")}); err != nil || len(list.Items) != 0 {
 			t.Fatalf("WorkerClusters of the other tenant: %d (%v)", len(list.Items), err)
 		}
 		f.repo.Commit("main", "give the tenant back", map[string][]byte{"fleet.yaml": fleetFile})
 		f.src.Trigger()
-		f.waitStatus(f.repo.Head("main"), "flotilla/fleet", status.Failure, "invalid")
+		f.waitStatus(f.repo.Head("main"), "flotilla/fleet", commitstatus.Failure, "invalid")
 	})
 
 	t.Run("a restarted hub converges without posting again", func(t *testing.T) {
@@ -444,7 +444,7 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		}
 		f.restartHub()
 		eventually(t, "the agent back on the new hub", func() (bool, string) { return f.tunnel.srv.Connected(v.Cluster.Identity), "" })
-		f.waitStatus(head, "flotilla/gpu-a", status.Success, "ready")
+		f.waitStatus(head, "flotilla/gpu-a", commitstatus.Success, "ready")
 		after, err := f.notes.Read(t.Context(), head)
 		if err != nil {
 			t.Fatal(err)
@@ -464,7 +464,7 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		}
 		removed := f.repo.Commit("main", "remove gpu-a", rm)
 		f.src.Trigger()
-		f.waitStatus(removed, "flotilla/gpu-a", status.Success, "decommissioned")
+		f.waitStatus(removed, "flotilla/gpu-a", commitstatus.Success, "decommissioned")
 		eventually(t, "the WorkerCluster gone", func() (bool, string) {
 			err := hub().Get(t.Context(), types.NamespacedName{Namespace: f.ns, Name: "gpu-a"}, &v1alpha1.WorkerCluster{})
 			return err != nil, "still there"
@@ -483,7 +483,7 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		// refuse it without a word, so the commit says what to do.
 		readded := f.repo.Commit("main", "add gpu-a back", files)
 		f.src.Trigger()
-		f.waitStatus(readded, "flotilla/gpu-a", status.Failure, "redeemed before; issue a new one with flotilla cluster rotate-token gpu-a")
+		f.waitStatus(readded, "flotilla/gpu-a", commitstatus.Failure, "redeemed before; issue a new one with flotilla cluster rotate-token gpu-a")
 	})
 }
 
@@ -528,7 +528,7 @@ func TestHubFaultsAndKeptDecommission(t *testing.T) {
 	added := f.repo.Head("main")
 	f.src.Trigger()
 	t.Run("a hub fault is an error on the commit, retried without a new commit", func(t *testing.T) {
-		st := f.waitStatus(added, "flotilla/gpu-k", status.Error, "hub error")
+		st := f.waitStatus(added, "flotilla/gpu-k", commitstatus.Error, "hub error")
 		t.Logf("error: %s", st.Description)
 		// Everyone who reads the repository reads the status: the kind of fault, not
 		// the hub cluster's own words.
@@ -543,17 +543,17 @@ func TestHubFaultsAndKeptDecommission(t *testing.T) {
 			return err == nil, fmt.Sprint(err)
 		})
 		f.src.Trigger()
-		f.waitStatus(added, "flotilla/gpu-k", status.Pending, "enrollment token")
+		f.waitStatus(added, "flotilla/gpu-k", commitstatus.Pending, "enrollment token")
 	})
 
 	f.startAgent(v)
-	f.waitStatus(added, "flotilla/gpu-k", status.Success, "ready")
+	f.waitStatus(added, "flotilla/gpu-k", commitstatus.Success, "ready")
 
 	t.Run("decommission: Keep revokes the agent and leaves the worker's objects", func(t *testing.T) {
 		_, keep := f.edited(t, "fleet.yaml", "decommission: Prune", "decommission: Keep")
 		kept := f.repo.Commit("main", "keep what workers have", map[string][]byte{"fleet.yaml": keep})
 		f.src.Trigger()
-		f.waitStatus(kept, "flotilla/fleet", status.Success, "1 of 1")
+		f.waitStatus(kept, "flotilla/fleet", commitstatus.Success, "1 of 1")
 
 		// The removal arrives with a fleet.yaml that does not validate: the policy
 		// cannot be read, so nothing is decommissioned, and the fleet says why.
@@ -564,8 +564,8 @@ func TestHubFaultsAndKeptDecommission(t *testing.T) {
 		}
 		removed := f.repo.Commit("main", "hand gpu-k over, with a typo", change)
 		f.src.Trigger()
-		f.waitStatus(removed, "flotilla/fleet", status.Failure, "1 removal waits until the fleet validates")
-		f.waitStatus(removed, "flotilla/gpu-k", status.Pending, "removal waits")
+		f.waitStatus(removed, "flotilla/fleet", commitstatus.Failure, "1 removal waits until the fleet validates")
+		f.waitStatus(removed, "flotilla/gpu-k", commitstatus.Pending, "removal waits")
 		var wc v1alpha1.WorkerCluster
 		if err := hub().Get(ctx, types.NamespacedName{Namespace: f.ns, Name: "gpu-k"}, &wc); err != nil || wc.Annotations[v1alpha1.DecommissionAnnotation] != "" {
 			t.Fatalf("under a broken fleet.yaml the WorkerCluster was decommissioned: %v %v", err, wc.Annotations)
@@ -576,7 +576,7 @@ func TestHubFaultsAndKeptDecommission(t *testing.T) {
 
 		fixed := f.repo.Commit("main", "fix the typo", map[string][]byte{"fleet.yaml": keep})
 		f.src.Trigger()
-		f.waitStatus(fixed, "flotilla/gpu-k", status.Success, "Keep")
+		f.waitStatus(fixed, "flotilla/gpu-k", commitstatus.Success, "Keep")
 		eventually(t, "the WorkerCluster gone", func() (bool, string) {
 			err := hub().Get(ctx, types.NamespacedName{Namespace: f.ns, Name: "gpu-k"}, &v1alpha1.WorkerCluster{})
 			return err != nil, "still there"
@@ -607,7 +607,7 @@ func TestPlansNeverHoldUpTheBranch(t *testing.T) {
 	// The worker is shared by the package's tests: what this cluster applied would stand
 	// in the way of the next one's.
 	t.Cleanup(func() { deleteOwned(v.Cluster.Identity) })
-	f.waitStatus(added, "flotilla/gpu-h", status.Success, "ready")
+	f.waitStatus(added, "flotilla/gpu-h", commitstatus.Success, "ready")
 
 	entered, release := f.prs.hold()
 	released := false
@@ -629,15 +629,15 @@ func TestPlansNeverHoldUpTheBranch(t *testing.T) {
 	_, cordoned := f.edited(t, "clusters/gpu-h/cluster.yaml", "cordoned: false", "cordoned: true")
 	merge := f.repo.Commit("main", "cordon gpu-h", map[string][]byte{"clusters/gpu-h/cluster.yaml": cordoned})
 	f.src.Trigger()
-	f.waitStatus(merge, "flotilla/gpu-h", status.Success, "ready")
-	f.waitStatus(merge, "flotilla/fleet", status.Success, "1 of 1")
+	f.waitStatus(merge, "flotilla/gpu-h", commitstatus.Success, "ready")
+	f.waitStatus(merge, "flotilla/fleet", commitstatus.Success, "1 of 1")
 	if st := f.statusOf(prHead, "flotilla/plan"); st.State != "" {
 		t.Fatalf("the held plan was posted before its forge answered: %+v", st)
 	}
 
 	released = true
 	release()
-	f.waitStatus(prHead, "flotilla/plan", status.Success, "+1 cluster")
+	f.waitStatus(prHead, "flotilla/plan", commitstatus.Success, "+1 cluster")
 }
 
 // BenchmarkPushToSuccess is what an engineer waits for: from the push of a merged
@@ -649,7 +649,7 @@ func BenchmarkPushToSuccess(b *testing.B) {
 	v, _ := f.addCluster("main", "gpu-l")
 	f.src.Trigger()
 	f.startAgent(v)
-	f.waitStatus(f.repo.Head("main"), "flotilla/gpu-l", status.Success, "ready")
+	f.waitStatus(f.repo.Head("main"), "flotilla/gpu-l", commitstatus.Success, "ready")
 
 	secret := []byte("webhook-secret-for-the-benchmark")
 	wh := httptest.NewServer(gitsource.NewWebhookHandler(gitsource.WebhookOptions{Secret: secret, Trigger: func(gitsource.Forge, string) { f.src.Trigger() }}))
@@ -683,7 +683,7 @@ func BenchmarkPushToSuccess(b *testing.B) {
 			b.Fatalf("webhook delivery: %v %v", resp, err)
 		}
 		resp.Body.Close()
-		f.waitStatus(commit, "flotilla/gpu-l", status.Success, "ready")
+		f.waitStatus(commit, "flotilla/gpu-l", commitstatus.Success, "ready")
 	}
 	f.syncMu.Lock()
 	mean := func(ds []time.Duration) float64 {

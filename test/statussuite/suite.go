@@ -1,6 +1,6 @@
 // Package statussuite is the one behavioural test suite every commit-status backend
 // passes: GitHub, Gitea and GitLab against their in-repo test servers, git notes
-// against the real git server. It drives a backend through status.Publisher, the way
+// against the real git server. It drives a backend through commitstatus.Publisher, the way
 // the hub does, and checks what a reader of the forge would see.
 package statussuite
 
@@ -16,13 +16,13 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	"github.com/flotilla-gitops/flotilla/test/forge"
 )
 
 // Target is one backend under test with the means to look behind it.
 type Target struct {
-	Backend status.Backend
+	Backend commitstatus.Backend
 	// NewCommit returns a commit hash, new to the backend, that it accepts statuses on.
 	NewCommit func(t *testing.T) string
 	// Count is how many statuses the backend holds for commit and context, history
@@ -34,12 +34,12 @@ type Target struct {
 	// it adds the cases that need injected faults and a prepared history.
 	Forge *forge.Store
 	// ForgeState is the forge's name for a flotilla state, used to prepare history.
-	ForgeState func(status.State) string
-	// Cap is set when the forge itself refuses statuses beyond status.MaxPerContext
+	ForgeState func(commitstatus.State) string
+	// Cap is set when the forge itself refuses statuses beyond commitstatus.MaxPerContext
 	// per commit and context, as GitHub documents.
 	Cap bool
 	// SetPullRequest records pull request number into branch base, open or closed, on
-	// the forge; set exactly when the backend is a status.PullRequestLister. Nil for a
+	// the forge; set exactly when the backend is a commitstatus.PullRequestLister. Nil for a
 	// backend whose store keeps no pull requests (git notes).
 	SetPullRequest func(t *testing.T, number int, base string, open bool)
 }
@@ -47,8 +47,8 @@ type Target struct {
 // fastBackoff keeps retries quick where the forge does not ask for a wait.
 var fastBackoff = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Steps: 5}
 
-func publisher(tg Target) *status.Publisher {
-	return status.NewPublisher(tg.Backend, status.PublisherOptions{Backoff: fastBackoff})
+func publisher(tg Target) *commitstatus.Publisher {
+	return commitstatus.NewPublisher(tg.Backend, commitstatus.PublisherOptions{Backoff: fastBackoff})
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -73,16 +73,16 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 	t.Run("the newest status of each context is read back", func(t *testing.T) {
 		tg := newTarget(t)
 		ctx, c, p := ctxT(t), tg.NewCommit(t), publisher(tg)
-		publish(t, p, c, status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting for the agent to register"})
-		publish(t, p, c, status.Status{Context: "flotilla/b", State: status.Failure, Description: "clusters/b/cluster.yaml:3: unknown preset"})
-		publish(t, p, c, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready · 8× H100 80GB on 1 node", TargetURL: "https://hub.example/clusters/a"})
+		publish(t, p, c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: "waiting for the agent to register"})
+		publish(t, p, c, commitstatus.Status{Context: "flotilla/b", State: commitstatus.Failure, Description: "clusters/b/cluster.yaml:3: unknown preset"})
+		publish(t, p, c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready · 8× H100 80GB on 1 node", TargetURL: "https://hub.example/clusters/a"})
 		got, err := tg.Backend.Latest(ctx, c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := map[string]status.Status{
-			"flotilla/a": tg.Backend.Canonical(status.Status{Context: "flotilla/a", State: status.Success, Description: "ready · 8× H100 80GB on 1 node", TargetURL: "https://hub.example/clusters/a"}),
-			"flotilla/b": tg.Backend.Canonical(status.Status{Context: "flotilla/b", State: status.Failure, Description: "clusters/b/cluster.yaml:3: unknown preset"}),
+		want := map[string]commitstatus.Status{
+			"flotilla/a": tg.Backend.Canonical(commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready · 8× H100 80GB on 1 node", TargetURL: "https://hub.example/clusters/a"}),
+			"flotilla/b": tg.Backend.Canonical(commitstatus.Status{Context: "flotilla/b", State: commitstatus.Failure, Description: "clusters/b/cluster.yaml:3: unknown preset"}),
 		}
 		if !equal(got, want) {
 			t.Fatalf("Latest =\n%v\nwant\n%v", got, want)
@@ -92,20 +92,20 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 	t.Run("every state is read back as the backend canonicalizes it", func(t *testing.T) {
 		tg := newTarget(t)
 		ctx, c, p := ctxT(t), tg.NewCommit(t), publisher(tg)
-		for _, s := range []status.State{status.Pending, status.Success, status.Failure, status.Error} {
-			st := status.Status{Context: "flotilla/" + string(s), State: s, Description: string(s)}
+		for _, s := range []commitstatus.State{commitstatus.Pending, commitstatus.Success, commitstatus.Failure, commitstatus.Error} {
+			st := commitstatus.Status{Context: "flotilla/" + string(s), State: s, Description: string(s)}
 			publish(t, p, c, st)
 		}
 		got, err := tg.Backend.Latest(ctx, c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, s := range []status.State{status.Pending, status.Success, status.Failure, status.Error} {
-			want := tg.Backend.Canonical(status.Status{Context: "flotilla/" + string(s), State: s, Description: string(s)})
+		for _, s := range []commitstatus.State{commitstatus.Pending, commitstatus.Success, commitstatus.Failure, commitstatus.Error} {
+			want := tg.Backend.Canonical(commitstatus.Status{Context: "flotilla/" + string(s), State: s, Description: string(s)})
 			if got[want.Context] != want {
 				t.Errorf("%s read back as %+v, want %+v", s, got[want.Context], want)
 			}
-			if want.State != s && want.State != status.Failure {
+			if want.State != s && want.State != commitstatus.Failure {
 				t.Errorf("%s canonicalizes to %s: only error may fold, and only onto failure", s, want.State)
 			}
 		}
@@ -114,7 +114,7 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 	t.Run("an unchanged status is not posted again", func(t *testing.T) {
 		tg := newTarget(t)
 		c, p := tg.NewCommit(t), publisher(tg)
-		st := status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting for the agent to connect"}
+		st := commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: "waiting for the agent to connect"}
 		for range 3 {
 			publish(t, p, c, st)
 		}
@@ -139,9 +139,9 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 		tg := newTarget(t)
 		ctx, c := ctxT(t), tg.NewCommit(t)
 		long := strings.Repeat("the agent reported an error while applying the desired state; ", 8)
-		sts := []status.Status{
-			{Context: "flotilla/a", State: status.Success, Description: "ready · 64× H100 80GB on 8 nodes"},
-			{Context: "flotilla/b", State: status.Error, Description: long},
+		sts := []commitstatus.Status{
+			{Context: "flotilla/a", State: commitstatus.Success, Description: "ready · 64× H100 80GB on 8 nodes"},
+			{Context: "flotilla/b", State: commitstatus.Error, Description: long},
 		}
 		for _, st := range sts {
 			publish(t, publisher(tg), c, st)
@@ -165,7 +165,7 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 		tg := newTarget(t)
 		ctx, c := ctxT(t), tg.NewCommit(t)
 		desc := "refuse to adopt existing object not owned by this WorkerCluster: " + strings.Repeat("ClusterQueue/team-ä ", 20)
-		publish(t, publisher(tg), c, status.Status{Context: "flotilla/a", State: status.Failure, Description: desc})
+		publish(t, publisher(tg), c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Failure, Description: desc})
 		got, err := tg.Backend.Latest(ctx, c)
 		if err != nil {
 			t.Fatal(err)
@@ -173,15 +173,15 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 		d := got["flotilla/a"].Description
 		if tg.DescriptionLimit == 0 {
 			// Whole, as the forge stores it (Gitea trims surrounding blanks).
-			if d != tg.Backend.Canonical(status.Status{Context: "flotilla/a", State: status.Failure, Description: desc}).Description {
+			if d != tg.Backend.Canonical(commitstatus.Status{Context: "flotilla/a", State: commitstatus.Failure, Description: desc}).Description {
 				t.Fatalf("description = %q, want it whole: the backend has no limit", d)
 			}
 			return
 		}
-		if n := utf8.RuneCountInString(d); n != tg.DescriptionLimit || !strings.HasSuffix(d, status.Ellipsis) {
-			t.Fatalf("description of %d characters %q, want %d ending in %q", n, d, tg.DescriptionLimit, status.Ellipsis)
+		if n := utf8.RuneCountInString(d); n != tg.DescriptionLimit || !strings.HasSuffix(d, commitstatus.Ellipsis) {
+			t.Fatalf("description of %d characters %q, want %d ending in %q", n, d, tg.DescriptionLimit, commitstatus.Ellipsis)
 		}
-		if !strings.HasPrefix(desc, strings.TrimSuffix(d, status.Ellipsis)) {
+		if !strings.HasPrefix(desc, strings.TrimSuffix(d, commitstatus.Ellipsis)) {
 			t.Fatalf("description %q is not a prefix of what was published", d)
 		}
 	})
@@ -191,7 +191,7 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 		ctx, c, p := ctxT(t), tg.NewCommit(t), publisher(tg)
 		const n = 110 // above every forge's largest page
 		for i := range n {
-			publish(t, p, c, status.Status{Context: fmt.Sprintf("flotilla/w%03d", i), State: status.Success, Description: "ready"})
+			publish(t, p, c, commitstatus.Status{Context: fmt.Sprintf("flotilla/w%03d", i), State: commitstatus.Success, Description: "ready"})
 		}
 		got, err := tg.Backend.Latest(ctx, c)
 		if err != nil {
@@ -205,7 +205,7 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 	t.Run("concurrent publishes of one status post it once", func(t *testing.T) {
 		tg := newTarget(t)
 		ctx, c, p := ctxT(t), tg.NewCommit(t), publisher(tg)
-		st := status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting"}
+		st := commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: "waiting"}
 		var wg sync.WaitGroup
 		errs := make(chan error, 8)
 		for range 8 {
@@ -236,7 +236,7 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 // runPullRequests checks what a hub plans from: the numbers of the open pull requests
 // into its branch, and no others, however many pages the forge lists them on.
 func runPullRequests(t *testing.T, newTarget func(t *testing.T) Target, probe Target) {
-	_, lists := probe.Backend.(status.PullRequestLister)
+	_, lists := probe.Backend.(commitstatus.PullRequestLister)
 	t.Run("the backend lists pull requests exactly when the target can record them", func(t *testing.T) {
 		if lists != (probe.SetPullRequest != nil) {
 			t.Fatalf("the backend lists pull requests: %v; the target records them: %v", lists, probe.SetPullRequest != nil)
@@ -265,7 +265,7 @@ func runPullRequests(t *testing.T, newTarget func(t *testing.T) Target, probe Ta
 				want[n] = true
 			}
 		}
-		got, err := tg.Backend.(status.PullRequestLister).OpenPullRequests(ctxT(t), "main")
+		got, err := tg.Backend.(commitstatus.PullRequestLister).OpenPullRequests(ctxT(t), "main")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -285,7 +285,7 @@ func runPullRequests(t *testing.T, newTarget func(t *testing.T) Target, probe Ta
 		tg := newTarget(t)
 		tg.SetPullRequest(t, 1, "main", false)
 		tg.SetPullRequest(t, 2, "release", true)
-		got, err := tg.Backend.(status.PullRequestLister).OpenPullRequests(ctxT(t), "main")
+		got, err := tg.Backend.(commitstatus.PullRequestLister).OpenPullRequests(ctxT(t), "main")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -299,13 +299,13 @@ func runForge(t *testing.T, newTarget func(t *testing.T) Target, capped bool) {
 	t.Run("the newest status of a long history is the one read", func(t *testing.T) {
 		tg := newTarget(t)
 		c := tg.NewCommit(t)
-		tg.Forge.Fill(c, "flotilla/a", tg.ForgeState(status.Pending), 250)
-		publish(t, publisher(tg), c, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"})
+		tg.Forge.Fill(c, "flotilla/a", tg.ForgeState(commitstatus.Pending), 250)
+		publish(t, publisher(tg), c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready"})
 		got, err := tg.Backend.Latest(ctxT(t), c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got["flotilla/a"].State != status.Success {
+		if got["flotilla/a"].State != commitstatus.Success {
 			t.Fatalf("Latest = %+v, want the success posted after 250 pending", got["flotilla/a"])
 		}
 	})
@@ -314,7 +314,7 @@ func runForge(t *testing.T, newTarget func(t *testing.T) Target, capped bool) {
 		tg := newTarget(t)
 		c := tg.NewCommit(t)
 		tg.Forge.FailNext(2, forge.Fault{Code: 502})
-		publish(t, publisher(tg), c, status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting"})
+		publish(t, publisher(tg), c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: "waiting"})
 		if n := tg.Count(t, c, "flotilla/a"); n != 1 {
 			t.Fatalf("the backend holds %d statuses, want 1", n)
 		}
@@ -324,7 +324,7 @@ func runForge(t *testing.T, newTarget func(t *testing.T) Target, capped bool) {
 		tg := newTarget(t)
 		c := tg.NewCommit(t)
 		tg.Forge.FailNext(1, forge.Fault{Code: 429, RetryAfter: time.Second})
-		publish(t, publisher(tg), c, status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting"})
+		publish(t, publisher(tg), c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: "waiting"})
 		reqs := tg.Forge.Requests()
 		for i, r := range reqs {
 			if r.Fault == 0 {
@@ -349,34 +349,34 @@ func runForge(t *testing.T, newTarget func(t *testing.T) Target, capped bool) {
 	t.Run("no status beyond the forge's cap per commit and context", func(t *testing.T) {
 		tg := newTarget(t)
 		ctx, c, p := ctxT(t), tg.NewCommit(t), publisher(tg)
-		tg.Forge.Fill(c, "flotilla/a", tg.ForgeState(status.Pending), status.MaxPerContext)
-		_, err := p.Publish(ctx, c, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"})
-		if !errors.Is(err, status.ErrCapReached) {
+		tg.Forge.Fill(c, "flotilla/a", tg.ForgeState(commitstatus.Pending), commitstatus.MaxPerContext)
+		_, err := p.Publish(ctx, c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready"})
+		if !errors.Is(err, commitstatus.ErrCapReached) {
 			t.Fatalf("Publish at the cap = %v, want ErrCapReached", err)
 		}
 		before := len(tg.Forge.Requests())
-		_, err = p.Publish(ctx, c, status.Status{Context: "flotilla/a", State: status.Failure, Description: "again"})
-		if !errors.Is(err, status.ErrCapReached) {
+		_, err = p.Publish(ctx, c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Failure, Description: "again"})
+		if !errors.Is(err, commitstatus.ErrCapReached) {
 			t.Fatalf("second Publish at the cap = %v, want ErrCapReached", err)
 		}
 		if after := len(tg.Forge.Requests()); after != before {
 			t.Fatalf("the publisher asked the forge again (%d requests) after it reported the cap", after-before)
 		}
-		if n := tg.Count(t, c, "flotilla/a"); n != status.MaxPerContext {
-			t.Fatalf("the forge holds %d statuses, want %d", n, status.MaxPerContext)
+		if n := tg.Count(t, c, "flotilla/a"); n != commitstatus.MaxPerContext {
+			t.Fatalf("the forge holds %d statuses, want %d", n, commitstatus.MaxPerContext)
 		}
-		publish(t, p, c, status.Status{Context: "flotilla/b", State: status.Success, Description: "ready"})
+		publish(t, p, c, commitstatus.Status{Context: "flotilla/b", State: commitstatus.Success, Description: "ready"})
 	})
 }
 
-func publish(t *testing.T, p *status.Publisher, commit string, st status.Status) {
+func publish(t *testing.T, p *commitstatus.Publisher, commit string, st commitstatus.Status) {
 	t.Helper()
 	if _, err := p.Publish(ctxT(t), commit, st); err != nil {
 		t.Fatalf("publishing %s: %v", st.Context, err)
 	}
 }
 
-func equal(a, b map[string]status.Status) bool {
+func equal(a, b map[string]commitstatus.Status) bool {
 	if len(a) != len(b) {
 		return false
 	}

@@ -17,7 +17,7 @@ import (
 
 	gl "gitlab.com/gitlab-org/api/client-go/v2"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 )
 
 // DescriptionLimit is the length, in characters, GitLab allows a status description
@@ -44,15 +44,15 @@ type Options struct {
 	HTTPClient *http.Client
 }
 
-// Backend is a status.Backend on one GitLab project. It is safe for concurrent use.
+// Backend is a commitstatus.Backend on one GitLab project. It is safe for concurrent use.
 type Backend struct {
 	client  *gl.Client
 	project string
 }
 
 var (
-	_ status.Backend           = (*Backend)(nil)
-	_ status.PullRequestLister = (*Backend)(nil)
+	_ commitstatus.Backend           = (*Backend)(nil)
+	_ commitstatus.PullRequestLister = (*Backend)(nil)
 )
 
 // New returns a Backend for opts.Project on the GitLab at opts.URL.
@@ -71,8 +71,8 @@ func New(opts Options) (*Backend, error) {
 		gl.WithURLWarningLogger(slog.New(slog.DiscardHandler)),
 		gl.WithBaseURL(opts.URL),
 		// The client retries 429 and 5xx answers itself by default, on a backoff of its
-		// own that reads RateLimit-Reset but not Retry-After. status.Publisher already
-		// retries what status.Classify marks retryable, waiting as long as Retry-After
+		// own that reads RateLimit-Reset but not Retry-After. commitstatus.Publisher already
+		// retries what commitstatus.Classify marks retryable, waiting as long as Retry-After
 		// says and bounding the wait; two policies stacked would multiply the attempts
 		// and hide the forge's answers from it.
 		gl.WithoutRetries(),
@@ -89,36 +89,36 @@ func New(opts Options) (*Backend, error) {
 
 // ForgeState is GitLab's state for a flotilla state. GitLab has no error state: an
 // error is a failed job.
-func ForgeState(s status.State) string {
+func ForgeState(s commitstatus.State) string {
 	switch s {
-	case status.Success:
+	case commitstatus.Success:
 		return string(gl.Success)
-	case status.Failure, status.Error:
+	case commitstatus.Failure, commitstatus.Error:
 		return string(gl.Failed)
 	}
 	return string(gl.Pending)
 }
 
 // state is the flotilla state of a GitLab job state.
-func state(s string) status.State {
+func state(s string) commitstatus.State {
 	switch gl.BuildStateValue(s) {
 	case gl.Success:
-		return status.Success
+		return commitstatus.Success
 	case gl.Pending, gl.Running, gl.Created, gl.WaitingForResource, gl.Preparing, gl.Scheduled, gl.Manual:
-		return status.Pending
+		return commitstatus.Pending
 	}
 	// failed, canceled, skipped: the work did not succeed.
-	return status.Failure
+	return commitstatus.Failure
 }
 
 // Canonical folds Error onto Failure, which is what GitLab gives back for both, and cuts
 // the description to DescriptionLimit. A blank description or target URL reads back as
 // none: GitLab does not store blank optional attributes.
-func (b *Backend) Canonical(st status.Status) status.Status {
-	if st.State == status.Error {
-		st.State = status.Failure
+func (b *Backend) Canonical(st commitstatus.Status) commitstatus.Status {
+	if st.State == commitstatus.Error {
+		st.State = commitstatus.Failure
 	}
-	st.Description = status.Truncate(st.Description, DescriptionLimit)
+	st.Description = commitstatus.Truncate(st.Description, DescriptionLimit)
 	if strings.TrimSpace(st.Description) == "" {
 		st.Description = ""
 	}
@@ -137,7 +137,7 @@ func (b *Backend) Canonical(st status.Status) status.Status {
 // new job once the open one is done (doc/ci/ci_cd_for_external_repos/
 // external_commit_statuses.md, "Job updates and retries"): Set cancels the open job and
 // posts the status again, as a new job that hides the canceled one.
-func (b *Backend) Set(ctx context.Context, commit string, st status.Status) error {
+func (b *Backend) Set(ctx context.Context, commit string, st commitstatus.Status) error {
 	st = b.Canonical(st)
 	want := ForgeState(st.State)
 	got, err := b.post(ctx, commit, st, want, true)
@@ -159,20 +159,20 @@ func (b *Backend) Set(ctx context.Context, commit string, st status.Status) erro
 
 // reopen posts st as a new job: it cancels the open job of its context first when
 // current, the state of that job, is pending or running.
-func (b *Backend) reopen(ctx context.Context, commit string, st status.Status, want string, current gl.BuildStateValue) (*gl.CommitStatus, error) {
+func (b *Backend) reopen(ctx context.Context, commit string, st commitstatus.Status, want string, current gl.BuildStateValue) (*gl.CommitStatus, error) {
 	if current == gl.Pending || current == gl.Running {
 		// Only the state: the canceled job keeps its own description.
-		if _, err := b.post(ctx, commit, status.Status{Context: st.Context}, string(gl.Canceled), false); err != nil {
+		if _, err := b.post(ctx, commit, commitstatus.Status{Context: st.Context}, string(gl.Canceled), false); err != nil {
 			return nil, err
 		}
 	}
 	return b.post(ctx, commit, st, want, true)
 }
 
-func (b *Backend) post(ctx context.Context, commit string, st status.Status, forgeState string, fields bool) (*gl.CommitStatus, error) {
+func (b *Backend) post(ctx context.Context, commit string, st commitstatus.Status, forgeState string, fields bool) (*gl.CommitStatus, error) {
 	opt := &gl.SetCommitStatusOptions{State: gl.BuildStateValue(forgeState), Name: gl.Ptr(st.Context)}
 	if fields {
-		opt.Description = gl.Ptr(status.Truncate(st.Description, DescriptionLimit))
+		opt.Description = gl.Ptr(commitstatus.Truncate(st.Description, DescriptionLimit))
 		opt.TargetURL = gl.Ptr(st.TargetURL)
 	}
 	cs, resp, err := b.client.Commits.SetCommitStatus(b.project, commit, opt, gl.WithContext(ctx))
@@ -206,7 +206,7 @@ func refusedTransition(err error) bool {
 // with pipelines on several refs has a job of a name in each. Keeping the job with the
 // highest ID per name, IDs being assigned in creation order, reads the newest either
 // way.
-func (b *Backend) Latest(ctx context.Context, commit string) (map[string]status.Status, error) {
+func (b *Backend) Latest(ctx context.Context, commit string) (map[string]commitstatus.Status, error) {
 	opt := &gl.GetCommitStatusesOptions{
 		ListOptions: gl.ListOptions{PerPage: perPage, Page: 1},
 		Stage:       gl.Ptr(externalStage),
@@ -227,14 +227,14 @@ func (b *Backend) Latest(ctx context.Context, commit string) (map[string]status.
 		}
 		opt.Page = resp.NextPage
 	}
-	out := make(map[string]status.Status, len(newest))
+	out := make(map[string]commitstatus.Status, len(newest))
 	for name, cs := range newest {
-		out[name] = status.Status{Context: name, State: state(cs.Status), Description: cs.Description, TargetURL: cs.TargetURL}
+		out[name] = commitstatus.Status{Context: name, State: state(cs.Status), Description: cs.Description, TargetURL: cs.TargetURL}
 	}
 	return out, nil
 }
 
-// classify is status.Classify on the client's answer, and a 409 retryable: GitLab
+// classify is commitstatus.Classify on the client's answer, and a 409 retryable: GitLab
 // answers it while another update of the commit holds the lock, and documents a retry
 // as the way to handle it.
 func classify(resp *gl.Response, err error) error {
@@ -243,9 +243,9 @@ func classify(resp *gl.Response, err error) error {
 		hr = resp.Response
 	}
 	if hr != nil && hr.StatusCode == http.StatusConflict {
-		return status.Retryable(err, status.RetryAfter(hr.Header, time.Now()))
+		return commitstatus.Retryable(err, commitstatus.RetryAfter(hr.Header, time.Now()))
 	}
-	return status.Classify(hr, err, time.Now())
+	return commitstatus.Classify(hr, err, time.Now())
 }
 
 // OpenPullRequests lists the IIDs of the project's open merge requests into base, every

@@ -1,4 +1,4 @@
-package status_test
+package commitstatus_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 )
 
 func TestTruncate(t *testing.T) {
@@ -32,7 +32,7 @@ func TestTruncate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := status.Truncate(tt.in, tt.limit)
+			got := commitstatus.Truncate(tt.in, tt.limit)
 			if got != tt.want {
 				t.Fatalf("Truncate = %q, want %q", got, tt.want)
 			}
@@ -70,15 +70,15 @@ func TestClassify(t *testing.T) {
 			if h == nil {
 				h = http.Header{}
 			}
-			err := status.Classify(&http.Response{StatusCode: tt.code, Header: h}, base, now)
-			var re *status.RetryableError
+			err := commitstatus.Classify(&http.Response{StatusCode: tt.code, Header: h}, base, now)
+			var re *commitstatus.RetryableError
 			if got := errors.As(err, &re); got != tt.retryable {
 				t.Fatalf("retryable = %v, want %v (%v)", got, tt.retryable, err)
 			}
 			if tt.retryable && re.After != tt.after {
 				t.Fatalf("wait %s, want %s", re.After, tt.after)
 			}
-			if got := errors.Is(err, status.ErrUnauthorized); got != tt.unauth {
+			if got := errors.Is(err, commitstatus.ErrUnauthorized); got != tt.unauth {
 				t.Fatalf("unauthorized = %v, want %v", got, tt.unauth)
 			}
 		})
@@ -90,16 +90,16 @@ type memory struct {
 	mu     sync.Mutex
 	limit  int
 	sets   map[string]int
-	latest map[string]map[string]status.Status
+	latest map[string]map[string]commitstatus.Status
 	fail   []error
 	reads  int
 }
 
 func newMemory(limit int) *memory {
-	return &memory{limit: limit, sets: map[string]int{}, latest: map[string]map[string]status.Status{}}
+	return &memory{limit: limit, sets: map[string]int{}, latest: map[string]map[string]commitstatus.Status{}}
 }
 
-func (m *memory) Set(_ context.Context, commit string, st status.Status) error {
+func (m *memory) Set(_ context.Context, commit string, st commitstatus.Status) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.fail) > 0 {
@@ -109,59 +109,59 @@ func (m *memory) Set(_ context.Context, commit string, st status.Status) error {
 	}
 	m.sets[commit+"/"+st.Context]++
 	if m.latest[commit] == nil {
-		m.latest[commit] = map[string]status.Status{}
+		m.latest[commit] = map[string]commitstatus.Status{}
 	}
 	m.latest[commit][st.Context] = st
 	return nil
 }
 
-func (m *memory) Latest(_ context.Context, commit string) (map[string]status.Status, error) {
+func (m *memory) Latest(_ context.Context, commit string) (map[string]commitstatus.Status, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.reads++
-	out := map[string]status.Status{}
+	out := map[string]commitstatus.Status{}
 	for k, v := range m.latest[commit] {
 		out[k] = v
 	}
 	return out, nil
 }
 
-func (m *memory) Canonical(st status.Status) status.Status {
-	st.Description = status.Truncate(st.Description, m.limit)
+func (m *memory) Canonical(st commitstatus.Status) commitstatus.Status {
+	st.Description = commitstatus.Truncate(st.Description, m.limit)
 	return st
 }
 
 const commit = "0123456789abcdef0123456789abcdef01234567"
 
-var quick = status.PublisherOptions{Backoff: wait.Backoff{Duration: time.Millisecond, Factor: 2, Steps: 4}}
+var quick = commitstatus.PublisherOptions{Backoff: wait.Backoff{Duration: time.Millisecond, Factor: 2, Steps: 4}}
 
 func TestPublisherPostsNoMoreThanTheCap(t *testing.T) {
 	m := newMemory(0)
-	p := status.NewPublisher(m, quick)
+	p := commitstatus.NewPublisher(m, quick)
 	ctx := context.Background()
-	for i := range status.MaxPerContext {
-		if _, err := p.Publish(ctx, commit, status.Status{Context: "flotilla/a", State: status.Pending, Description: fmt.Sprint(i)}); err != nil {
+	for i := range commitstatus.MaxPerContext {
+		if _, err := p.Publish(ctx, commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: fmt.Sprint(i)}); err != nil {
 			t.Fatalf("publish %d: %v", i, err)
 		}
 	}
-	_, err := p.Publish(ctx, commit, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"})
-	if !errors.Is(err, status.ErrCapReached) {
-		t.Fatalf("publish %d = %v, want ErrCapReached", status.MaxPerContext+1, err)
+	_, err := p.Publish(ctx, commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready"})
+	if !errors.Is(err, commitstatus.ErrCapReached) {
+		t.Fatalf("publish %d = %v, want ErrCapReached", commitstatus.MaxPerContext+1, err)
 	}
-	if n := m.sets[commit+"/flotilla/a"]; n != status.MaxPerContext {
-		t.Fatalf("%d statuses posted, want %d", n, status.MaxPerContext)
+	if n := m.sets[commit+"/flotilla/a"]; n != commitstatus.MaxPerContext {
+		t.Fatalf("%d statuses posted, want %d", n, commitstatus.MaxPerContext)
 	}
-	if _, err := p.Publish(ctx, commit, status.Status{Context: "flotilla/b", State: status.Success}); err != nil {
+	if _, err := p.Publish(ctx, commit, commitstatus.Status{Context: "flotilla/b", State: commitstatus.Success}); err != nil {
 		t.Fatalf("another context is not capped: %v", err)
 	}
 }
 
 func TestPublisherComparesCanonicalForms(t *testing.T) {
 	m := newMemory(10)
-	p := status.NewPublisher(m, quick)
+	p := commitstatus.NewPublisher(m, quick)
 	ctx := context.Background()
 	for range 3 {
-		if _, err := p.Publish(ctx, commit, status.Status{Context: "c", State: status.Failure, Description: "a description far over ten characters"}); err != nil {
+		if _, err := p.Publish(ctx, commit, commitstatus.Status{Context: "c", State: commitstatus.Failure, Description: "a description far over ten characters"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -174,24 +174,24 @@ func TestPublisherComparesCanonicalForms(t *testing.T) {
 }
 
 func TestPublisherRetries(t *testing.T) {
-	transient := status.Retryable(errors.New("HTTP 502"), 0)
+	transient := commitstatus.Retryable(errors.New("HTTP 502"), 0)
 	tests := []struct {
 		name    string
 		fail    []error
-		opts    status.PublisherOptions
+		opts    commitstatus.PublisherOptions
 		wantErr error
 		posted  bool
 	}{
 		{"transient failures are retried until one succeeds", []error{transient, transient}, quick, nil, true},
 		{"attempts are bounded by the backoff's steps", []error{transient, transient, transient, transient}, quick, transient, false},
 		{"a final failure is not retried", []error{errors.New("HTTP 422"), nil}, quick, nil, false},
-		{"a wait longer than MaxWait fails instead of stalling", []error{status.Retryable(errors.New("HTTP 403"), time.Hour)}, quick, nil, false},
+		{"a wait longer than MaxWait fails instead of stalling", []error{commitstatus.Retryable(errors.New("HTTP 403"), time.Hour)}, quick, nil, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			m := newMemory(0)
 			m.fail = tt.fail
-			posted, err := status.NewPublisher(m, tt.opts).Publish(context.Background(), commit, status.Status{Context: "c", State: status.Pending})
+			posted, err := commitstatus.NewPublisher(m, tt.opts).Publish(context.Background(), commit, commitstatus.Status{Context: "c", State: commitstatus.Pending})
 			if posted != tt.posted {
 				t.Fatalf("posted = %v (%v), want %v", posted, err, tt.posted)
 			}
@@ -209,8 +209,8 @@ func TestPublisherRetries(t *testing.T) {
 }
 
 func TestPublisherRefusesInvalidStatuses(t *testing.T) {
-	p := status.NewPublisher(newMemory(0), quick)
-	for _, st := range []status.Status{{Context: "c", State: "running"}, {State: status.Pending}} {
+	p := commitstatus.NewPublisher(newMemory(0), quick)
+	for _, st := range []commitstatus.Status{{Context: "c", State: "running"}, {State: commitstatus.Pending}} {
 		if _, err := p.Publish(context.Background(), commit, st); err == nil {
 			t.Errorf("Publish(%+v) = nil, want an error", st)
 		}

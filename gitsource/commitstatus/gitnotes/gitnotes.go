@@ -29,7 +29,7 @@ import (
 	"github.com/go-git/go-git/v5/storage/memory"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 )
 
 // DefaultRef is where flotilla's notes live.
@@ -49,7 +49,7 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Backend is a status.Backend over git notes.
+// Backend is a commitstatus.Backend over git notes.
 type Backend struct {
 	opts   Options
 	mu     sync.Mutex
@@ -57,7 +57,7 @@ type Backend struct {
 	remote *git.Remote
 }
 
-var _ status.Backend = (*Backend)(nil)
+var _ commitstatus.Backend = (*Backend)(nil)
 
 // Note is the document kept for one commit.
 type Note struct {
@@ -66,10 +66,10 @@ type Note struct {
 
 // Entry is one context's newest status on a commit.
 type Entry struct {
-	State       status.State `json:"state"`
-	Description string       `json:"description,omitempty"`
-	TargetURL   string       `json:"targetURL,omitempty"`
-	Updated     time.Time    `json:"updated"`
+	State       commitstatus.State `json:"state"`
+	Description string             `json:"description,omitempty"`
+	TargetURL   string             `json:"targetURL,omitempty"`
+	Updated     time.Time          `json:"updated"`
 	// Count is how many times the context was set on the commit.
 	Count int `json:"count"`
 }
@@ -106,17 +106,17 @@ func New(opts Options) (*Backend, error) {
 }
 
 // Canonical is st itself: a note has no length limit and keeps all four states.
-func (b *Backend) Canonical(st status.Status) status.Status { return st }
+func (b *Backend) Canonical(st commitstatus.Status) commitstatus.Status { return st }
 
 // Latest reads the note of commit.
-func (b *Backend) Latest(ctx context.Context, commit string) (map[string]status.Status, error) {
+func (b *Backend) Latest(ctx context.Context, commit string) (map[string]commitstatus.Status, error) {
 	n, err := b.Read(ctx, commit)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]status.Status, len(n.Statuses))
+	out := make(map[string]commitstatus.Status, len(n.Statuses))
 	for name, e := range n.Statuses {
-		out[name] = status.Status{Context: name, State: e.State, Description: e.Description, TargetURL: e.TargetURL}
+		out[name] = commitstatus.Status{Context: name, State: e.State, Description: e.Description, TargetURL: e.TargetURL}
 	}
 	return out, nil
 }
@@ -138,7 +138,7 @@ func (b *Backend) Read(ctx context.Context, commit string) (Note, error) {
 }
 
 // Set records st on commit and pushes the notes.
-func (b *Backend) Set(ctx context.Context, commit string, st status.Status) error {
+func (b *Backend) Set(ctx context.Context, commit string, st commitstatus.Status) error {
 	h, err := parseCommit(commit)
 	if err != nil {
 		return err
@@ -408,7 +408,7 @@ func parseCommit(s string) (plumbing.Hash, error) {
 
 func (b *Backend) wrap(op string, err error) error {
 	if errors.Is(err, transport.ErrAuthenticationRequired) || errors.Is(err, transport.ErrAuthorizationFailed) {
-		return fmt.Errorf("gitnotes: %s %s: %w", op, gitsource.RedactURL(b.opts.URL), status.ErrUnauthorized)
+		return fmt.Errorf("gitnotes: %s %s: %w", op, gitsource.RedactURL(b.opts.URL), commitstatus.ErrUnauthorized)
 	}
 	return fmt.Errorf("gitnotes: %s %s: %s", op, gitsource.RedactURL(b.opts.URL), gitsource.RedactError(err, b.opts.Auth))
 }

@@ -10,7 +10,7 @@ import (
 
 	gh "github.com/google/go-github/v93/github"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	"github.com/flotilla-gitops/flotilla/test/forge"
 	"github.com/flotilla-gitops/flotilla/test/forge/githubtest"
 	"github.com/flotilla-gitops/flotilla/test/statussuite"
@@ -25,7 +25,7 @@ func TestSuite(t *testing.T) {
 			Count:            func(_ *testing.T, commit, context string) int { return srv.Store.Count(commit, context) },
 			DescriptionLimit: DescriptionLimit,
 			Forge:            srv.Store,
-			ForgeState:       func(s status.State) string { return string(s) },
+			ForgeState:       func(s commitstatus.State) string { return string(s) },
 			Cap:              true,
 			SetPullRequest: func(_ *testing.T, number int, base string, open bool) {
 				srv.SetPullRequest(number, base, open)
@@ -101,7 +101,7 @@ func TestCredentials(t *testing.T) {
 			opts, secret := tc.opts(srv, appKey, otherKey)
 			b := newBackend(t, srv, opts)
 			ctx, commit := testContext(t), srv.NewCommit()
-			st := status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"}
+			st := commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready"}
 
 			setErr := b.Set(ctx, commit, st)
 			_, latestErr := b.Latest(ctx, commit)
@@ -112,7 +112,7 @@ func TestCredentials(t *testing.T) {
 					}
 					continue
 				}
-				if !errors.Is(err, status.ErrUnauthorized) {
+				if !errors.Is(err, commitstatus.ErrUnauthorized) {
 					t.Fatalf("%s = %v, want ErrUnauthorized", op, err)
 				}
 				if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), srv.Token) {
@@ -192,10 +192,10 @@ func TestErrors(t *testing.T) {
 				return commit
 			},
 			check: func(t *testing.T, err error) {
-				if !errors.Is(err, status.ErrCapReached) {
+				if !errors.Is(err, commitstatus.ErrCapReached) {
 					t.Fatalf("Set = %v, want ErrCapReached", err)
 				}
-				if _, ok := errors.AsType[*status.RetryableError](err); ok {
+				if _, ok := errors.AsType[*commitstatus.RetryableError](err); ok {
 					t.Fatalf("Set = %v: the cap is not worth retrying", err)
 				}
 			},
@@ -206,7 +206,7 @@ func TestErrors(t *testing.T) {
 				return "0123456789abcdef0123456789abcdef01234567"
 			},
 			check: func(t *testing.T, err error) {
-				if _, ok := errors.AsType[*status.RetryableError](err); ok || errors.Is(err, status.ErrUnauthorized) || errors.Is(err, status.ErrCapReached) {
+				if _, ok := errors.AsType[*commitstatus.RetryableError](err); ok || errors.Is(err, commitstatus.ErrUnauthorized) || errors.Is(err, commitstatus.ErrCapReached) {
 					t.Fatalf("Set = %v, want a plain failure", err)
 				}
 				if !strings.Contains(err.Error(), "No commit found for SHA") {
@@ -220,7 +220,7 @@ func TestErrors(t *testing.T) {
 			srv := githubtest.Start(t)
 			b := newBackend(t, srv, Options{Token: srv.Token})
 			commit := tc.prepare(srv, srv.NewCommit())
-			err := b.Set(testContext(t), commit, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"})
+			err := b.Set(testContext(t), commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready"})
 			if err == nil {
 				t.Fatal("Set succeeded")
 			}
@@ -240,7 +240,7 @@ func TestErrors(t *testing.T) {
 func wantRetryable(least, most time.Duration) func(t *testing.T, err error) {
 	return func(t *testing.T, err error) {
 		t.Helper()
-		re, ok := errors.AsType[*status.RetryableError](err)
+		re, ok := errors.AsType[*commitstatus.RetryableError](err)
 		if !ok {
 			t.Fatalf("Set = %v, want a RetryableError", err)
 		}
@@ -266,7 +266,7 @@ func TestDescriptionLimit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := githubtest.Start(t)
 			b := newBackend(t, srv, Options{Token: srv.Token})
-			err := b.Set(testContext(t), srv.NewCommit(), status.Status{Context: "flotilla/a", State: status.Failure, Description: tc.description})
+			err := b.Set(testContext(t), srv.NewCommit(), commitstatus.Status{Context: "flotilla/a", State: commitstatus.Failure, Description: tc.description})
 			if !tc.wantRefused {
 				if err != nil {
 					t.Fatal(err)
@@ -283,7 +283,7 @@ func TestDescriptionLimit(t *testing.T) {
 			if !strings.Contains(err.Error(), "description is too long") {
 				t.Fatalf("Set = %v, want the error to name the description", err)
 			}
-			if _, ok := errors.AsType[*status.RetryableError](err); ok {
+			if _, ok := errors.AsType[*commitstatus.RetryableError](err); ok {
 				t.Fatalf("Set = %v: a validation error is not worth retrying", err)
 			}
 		})
@@ -295,28 +295,28 @@ func TestCanonical(t *testing.T) {
 	long := strings.Repeat("é", 200)
 	cases := []struct {
 		name string
-		in   status.Status
-		want status.Status
+		in   commitstatus.Status
+		want commitstatus.Status
 	}{
 		{
 			name: "a description within the limit is kept",
-			in:   status.Status{Context: "c", State: status.Success, Description: "ready"},
-			want: status.Status{Context: "c", State: status.Success, Description: "ready"},
+			in:   commitstatus.Status{Context: "c", State: commitstatus.Success, Description: "ready"},
+			want: commitstatus.Status{Context: "c", State: commitstatus.Success, Description: "ready"},
 		},
 		{
 			name: "a long description is cut to 140 characters with an ellipsis",
-			in:   status.Status{Context: "c", State: status.Failure, Description: long},
-			want: status.Status{Context: "c", State: status.Failure, Description: strings.Repeat("é", 139) + status.Ellipsis},
+			in:   commitstatus.Status{Context: "c", State: commitstatus.Failure, Description: long},
+			want: commitstatus.Status{Context: "c", State: commitstatus.Failure, Description: strings.Repeat("é", 139) + commitstatus.Ellipsis},
 		},
 		{
 			name: "error stays error: GitHub has it",
-			in:   status.Status{Context: "c", State: status.Error},
-			want: status.Status{Context: "c", State: status.Error},
+			in:   commitstatus.Status{Context: "c", State: commitstatus.Error},
+			want: commitstatus.Status{Context: "c", State: commitstatus.Error},
 		},
 		{
 			name: "an empty context is GitHub's default one",
-			in:   status.Status{State: status.Pending},
-			want: status.Status{Context: "default", State: status.Pending},
+			in:   commitstatus.Status{State: commitstatus.Pending},
+			want: commitstatus.Status{Context: "default", State: commitstatus.Pending},
 		},
 	}
 	for _, tc := range cases {
@@ -333,33 +333,33 @@ func TestCanonical(t *testing.T) {
 func TestCombinedState(t *testing.T) {
 	cases := []struct {
 		name   string
-		posted []status.Status
+		posted []commitstatus.Status
 		want   string
 	}{
 		{name: "no statuses is pending", want: "pending"},
 		{
 			name:   "all success is success",
-			posted: []status.Status{{Context: "a", State: status.Success}, {Context: "b", State: status.Success}},
+			posted: []commitstatus.Status{{Context: "a", State: commitstatus.Success}, {Context: "b", State: commitstatus.Success}},
 			want:   "success",
 		},
 		{
 			name:   "a pending context makes it pending",
-			posted: []status.Status{{Context: "a", State: status.Success}, {Context: "b", State: status.Pending}},
+			posted: []commitstatus.Status{{Context: "a", State: commitstatus.Success}, {Context: "b", State: commitstatus.Pending}},
 			want:   "pending",
 		},
 		{
 			name:   "an error context makes it failure",
-			posted: []status.Status{{Context: "a", State: status.Pending}, {Context: "b", State: status.Error}},
+			posted: []commitstatus.Status{{Context: "a", State: commitstatus.Pending}, {Context: "b", State: commitstatus.Error}},
 			want:   "failure",
 		},
 		{
 			name:   "a failure context makes it failure",
-			posted: []status.Status{{Context: "a", State: status.Success}, {Context: "b", State: status.Failure}},
+			posted: []commitstatus.Status{{Context: "a", State: commitstatus.Success}, {Context: "b", State: commitstatus.Failure}},
 			want:   "failure",
 		},
 		{
 			name:   "only the newest status of a context counts",
-			posted: []status.Status{{Context: "a", State: status.Failure}, {Context: "a", State: status.Success}},
+			posted: []commitstatus.Status{{Context: "a", State: commitstatus.Failure}, {Context: "a", State: commitstatus.Success}},
 			want:   "success",
 		},
 	}
@@ -467,7 +467,7 @@ func TestOpenPullRequestsIntoTheBranch(t *testing.T) {
 			t.Fatalf("#%d is open into main but not listed", n)
 		}
 	}
-	if _, err := newBackend(t, srv, Options{Token: "ghp_wrong"}).OpenPullRequests(testContext(t), "main"); !errors.Is(err, status.ErrUnauthorized) {
+	if _, err := newBackend(t, srv, Options{Token: "ghp_wrong"}).OpenPullRequests(testContext(t), "main"); !errors.Is(err, commitstatus.ErrUnauthorized) {
 		t.Fatalf("with a wrong token: %v, want ErrUnauthorized", err)
 	}
 }

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
-	"github.com/flotilla-gitops/flotilla/gitsource/status/gitea"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitea"
 	"github.com/flotilla-gitops/flotilla/test/forge"
 	"github.com/flotilla-gitops/flotilla/test/forge/giteatest"
 	"github.com/flotilla-gitops/flotilla/test/statussuite"
@@ -35,7 +35,7 @@ func TestSuite(t *testing.T) {
 			Count:            func(_ *testing.T, commit, context string) int { return srv.Store.Count(commit, context) },
 			DescriptionLimit: gitea.DescriptionLimit,
 			Forge:            srv.Store,
-			ForgeState:       func(s status.State) string { return string(s) },
+			ForgeState:       func(s commitstatus.State) string { return string(s) },
 			// Gitea documents no cap on statuses per commit and context.
 			Cap: false,
 			SetPullRequest: func(_ *testing.T, number int, base string, open bool) {
@@ -55,7 +55,7 @@ func TestWrongTokenIsUnauthorizedAndNotRepeated(t *testing.T) {
 		call func(context.Context) error
 	}{
 		{"setting a status", func(ctx context.Context) error {
-			return b.Set(ctx, commit, status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting"})
+			return b.Set(ctx, commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: "waiting"})
 		}},
 		{"reading statuses", func(ctx context.Context) error {
 			_, err := b.Latest(ctx, commit)
@@ -69,7 +69,7 @@ func TestWrongTokenIsUnauthorizedAndNotRepeated(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.call(t.Context())
-			if !errors.Is(err, status.ErrUnauthorized) {
+			if !errors.Is(err, commitstatus.ErrUnauthorized) {
 				t.Fatalf("error = %v, want ErrUnauthorized", err)
 			}
 			// Gitea's 401 for an unknown token repeats the token.
@@ -114,7 +114,7 @@ func TestTokenIsRemovedFromEveryAnswer(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, err := range []error{
-				b.Set(t.Context(), strings.Repeat("a", 40), status.Status{Context: "flotilla/a", State: status.Pending}),
+				b.Set(t.Context(), strings.Repeat("a", 40), commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending}),
 				func() error { _, err := b.Latest(t.Context(), strings.Repeat("a", 40)); return err }(),
 			} {
 				if err == nil || strings.Contains(err.Error(), token) {
@@ -123,7 +123,7 @@ func TestTokenIsRemovedFromEveryAnswer(t *testing.T) {
 				if !strings.Contains(err.Error(), "may not do this") {
 					t.Errorf("error %q lost Gitea's message", err)
 				}
-				var re *status.RetryableError
+				var re *commitstatus.RetryableError
 				if errors.As(err, &re) != tt.retryable {
 					t.Errorf("error %v: retryable = %v, want %v", err, !tt.retryable, tt.retryable)
 				}
@@ -138,10 +138,10 @@ func TestStateIsReadFromStatusField(t *testing.T) {
 	tests := []struct {
 		name   string
 		status string // the JSON members of the one status answered
-		want   status.State
+		want   commitstatus.State
 	}{
-		{"status is read when state differs", `"status":"failure","state":"success"`, status.Failure},
-		{"status is read when it is the only one", `"status":"error"`, status.Error},
+		{"status is read when state differs", `"status":"failure","state":"success"`, commitstatus.Failure},
+		{"status is read when it is the only one", `"status":"error"`, commitstatus.Error},
 		{"a state field alone is not a status's state", `"state":"success"`, ""},
 	}
 	for _, tt := range tests {
@@ -174,10 +174,10 @@ func TestStateIsReadFromStatusField(t *testing.T) {
 func TestEveryStateRoundTrips(t *testing.T) {
 	srv := giteatest.Start(t)
 	b := newBackend(t, srv, srv.Token)
-	for _, s := range []status.State{status.Pending, status.Success, status.Failure, status.Error} {
+	for _, s := range []commitstatus.State{commitstatus.Pending, commitstatus.Success, commitstatus.Failure, commitstatus.Error} {
 		t.Run(string(s), func(t *testing.T) {
 			commit := srv.NewCommit()
-			st := b.Canonical(status.Status{Context: "flotilla/" + string(s), State: s, Description: string(s), TargetURL: "https://hub.example/" + string(s)})
+			st := b.Canonical(commitstatus.Status{Context: "flotilla/" + string(s), State: s, Description: string(s), TargetURL: "https://hub.example/" + string(s)})
 			if st.State != s {
 				t.Fatalf("Canonical folds %s onto %s: Gitea has every flotilla state", s, st.State)
 			}
@@ -204,18 +204,18 @@ func TestCanonicalIsWhatGiteaStores(t *testing.T) {
 	long := strings.Repeat("ClusterQueue/team-ä ", 100)
 	tests := []struct {
 		name string
-		in   status.Status
-		want status.Status
+		in   commitstatus.Status
+		want commitstatus.Status
 	}{
 		{"surrounding whitespace is trimmed, as Gitea trims it",
-			status.Status{Context: " flotilla/a\n", State: status.Pending, Description: "  waiting \n", TargetURL: " https://hub.example/a "},
-			status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting", TargetURL: "https://hub.example/a"}},
+			commitstatus.Status{Context: " flotilla/a\n", State: commitstatus.Pending, Description: "  waiting \n", TargetURL: " https://hub.example/a "},
+			commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: "waiting", TargetURL: "https://hub.example/a"}},
 		{"a long description is kept whole: Gitea has no limit",
-			status.Status{Context: "flotilla/a", State: status.Failure, Description: long},
-			status.Status{Context: "flotilla/a", State: status.Failure, Description: strings.TrimSpace(long)}},
+			commitstatus.Status{Context: "flotilla/a", State: commitstatus.Failure, Description: long},
+			commitstatus.Status{Context: "flotilla/a", State: commitstatus.Failure, Description: strings.TrimSpace(long)}},
 		{"inner whitespace is kept",
-			status.Status{Context: "flotilla/a", State: status.Success, Description: "ready ·  8× H100"},
-			status.Status{Context: "flotilla/a", State: status.Success, Description: "ready ·  8× H100"}},
+			commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready ·  8× H100"},
+			commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready ·  8× H100"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -304,18 +304,18 @@ func TestFailures(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := giteatest.Start(t)
 			mk, commit := tt.prepare(srv)
-			err := mk(t).Set(t.Context(), commit, status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting"})
+			err := mk(t).Set(t.Context(), commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: "waiting"})
 			if err == nil {
 				t.Fatal("Set succeeded")
 			}
-			var re *status.RetryableError
+			var re *commitstatus.RetryableError
 			if errors.As(err, &re) != tt.retryable {
 				t.Fatalf("error %v: retryable = %v, want %v", err, !tt.retryable, tt.retryable)
 			}
 			if tt.retryable && re.After != tt.after {
 				t.Fatalf("retry after %s, want %s", re.After, tt.after)
 			}
-			if errors.Is(err, status.ErrUnauthorized) {
+			if errors.Is(err, commitstatus.ErrUnauthorized) {
 				t.Fatalf("error %v is ErrUnauthorized", err)
 			}
 			for _, want := range []string{tt.contains, commit, "flotilla/a"} {
@@ -336,7 +336,7 @@ func TestContextIsPassedToEveryRequest(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	commit := srv.NewCommit()
-	if err := b.Set(ctx, commit, status.Status{Context: "flotilla/a", State: status.Pending}); !errors.Is(err, context.Canceled) {
+	if err := b.Set(ctx, commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Set with a cancelled context = %v, want context.Canceled", err)
 	}
 	if _, err := b.Latest(ctx, commit); !errors.Is(err, context.Canceled) {
@@ -372,7 +372,7 @@ func TestTokenFileNewlineIsIgnored(t *testing.T) {
 	srv := giteatest.Start(t)
 	b := newBackend(t, srv, srv.Token+"\n")
 	commit := srv.NewCommit()
-	if err := b.Set(t.Context(), commit, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"}); err != nil {
+	if err := b.Set(t.Context(), commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready"}); err != nil {
 		t.Fatal(err)
 	}
 }

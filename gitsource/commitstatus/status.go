@@ -1,9 +1,9 @@
-// Package status is the one small interface through which the hub reports readiness on
-// commits, whatever keeps the statuses: a forge (GitHub, Gitea, GitLab) or notes in the
-// fleet repository itself. Backends translate; the Publisher in this package decides
+// Package commitstatus is the one small interface through which the hub reports
+// readiness on commits, whatever keeps the statuses: a forge (GitHub, Gitea, GitLab) or
+// notes in the fleet repository itself. Backends translate; the Publisher in this package decides
 // when to post, so every backend posts only on change, cuts descriptions the same way,
 // retries the same way and stops at the same cap.
-package status
+package commitstatus
 
 import (
 	"context"

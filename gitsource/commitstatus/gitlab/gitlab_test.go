@@ -10,8 +10,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
-	"github.com/flotilla-gitops/flotilla/gitsource/status/gitlab"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitlab"
 	"github.com/flotilla-gitops/flotilla/test/forge"
 	"github.com/flotilla-gitops/flotilla/test/forge/gitlabtest"
 	"github.com/flotilla-gitops/flotilla/test/statussuite"
@@ -44,8 +44,8 @@ func TestSuite(t *testing.T) {
 	})
 }
 
-func publisher(b status.Backend) *status.Publisher {
-	return status.NewPublisher(b, status.PublisherOptions{Backoff: wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Steps: 3}})
+func publisher(b commitstatus.Backend) *commitstatus.Publisher {
+	return commitstatus.NewPublisher(b, commitstatus.PublisherOptions{Backoff: wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Steps: 3}})
 }
 
 func TestWrongTokenIsUnauthorized(t *testing.T) {
@@ -58,18 +58,18 @@ func TestWrongTokenIsUnauthorized(t *testing.T) {
 		op   func(ctx context.Context) error
 	}{
 		{"Set", func(ctx context.Context) error {
-			return b.Set(ctx, commit, status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting"})
+			return b.Set(ctx, commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: "waiting"})
 		}},
 		{"Latest", func(ctx context.Context) error { _, err := b.Latest(ctx, commit); return err }},
 		{"OpenPullRequests", func(ctx context.Context) error { _, err := b.OpenPullRequests(ctx, "main"); return err }},
 		{"Publish", func(ctx context.Context) error {
-			_, err := publisher(b).Publish(ctx, commit, status.Status{Context: "flotilla/a", State: status.Success})
+			_, err := publisher(b).Publish(ctx, commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success})
 			return err
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.op(t.Context())
-			if !errors.Is(err, status.ErrUnauthorized) {
+			if !errors.Is(err, commitstatus.ErrUnauthorized) {
 				t.Fatalf("error = %v, want ErrUnauthorized", err)
 			}
 			for _, secret := range []string{wrong, srv.Token} {
@@ -99,7 +99,7 @@ func TestErrorReadsBackAsFailureAndIsNotPostedAgain(t *testing.T) {
 			srv := gitlabtest.Start(t)
 			b := newBackend(t, srv, srv.Project, srv.Token)
 			ctx, commit := t.Context(), srv.NewCommit()
-			st := status.Status{Context: "flotilla/a", State: status.Error, Description: "agent unreachable"}
+			st := commitstatus.Status{Context: "flotilla/a", State: commitstatus.Error, Description: "agent unreachable"}
 			p := publisher(b)
 			if _, err := p.Publish(ctx, commit, st); err != nil {
 				t.Fatal(err)
@@ -108,7 +108,7 @@ func TestErrorReadsBackAsFailureAndIsNotPostedAgain(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got["flotilla/a"].State != status.Failure || b.Canonical(st) != got["flotilla/a"] {
+			if got["flotilla/a"].State != commitstatus.Failure || b.Canonical(st) != got["flotilla/a"] {
 				t.Fatalf("read back %+v, want %+v", got["flotilla/a"], b.Canonical(st))
 			}
 			if recs := srv.All(commit); recs[0].State != "failed" {
@@ -142,7 +142,7 @@ func TestProjectByPathAndByID(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newBackend(t, srv, tc.project, srv.Token)
 			ctx, commit := t.Context(), srv.NewCommit()
-			st := status.Status{Context: "flotilla/a", State: status.Success, Description: "ready", TargetURL: "https://hub.example/a"}
+			st := commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready", TargetURL: "https://hub.example/a"}
 			if err := b.Set(ctx, commit, st); err != nil {
 				t.Fatal(err)
 			}
@@ -158,7 +158,7 @@ func TestProjectByPathAndByID(t *testing.T) {
 	t.Run("an unknown project is no credentials problem", func(t *testing.T) {
 		b := newBackend(t, srv, "fleet/other", srv.Token)
 		_, err := b.Latest(t.Context(), srv.NewCommit())
-		if err == nil || errors.Is(err, status.ErrUnauthorized) || !strings.Contains(err.Error(), "fleet/other") {
+		if err == nil || errors.Is(err, commitstatus.ErrUnauthorized) || !strings.Contains(err.Error(), "fleet/other") {
 			t.Fatalf("error = %v, want a not-found naming the project", err)
 		}
 	})
@@ -171,7 +171,7 @@ func TestPendingTwice(t *testing.T) {
 	b := newBackend(t, srv, srv.Project, srv.Token)
 	ctx, commit := t.Context(), srv.NewCommit()
 	for _, d := range []string{"waiting for the agent to connect", "waiting for generation 2", "waiting for generation 3"} {
-		st := status.Status{Context: "flotilla/a", State: status.Pending, Description: d}
+		st := commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: d}
 		if err := b.Set(ctx, commit, st); err != nil {
 			t.Fatal(err)
 		}
@@ -191,7 +191,7 @@ func TestPendingTwice(t *testing.T) {
 	if got := "[" + strings.Join(states, " ") + "]"; got != want {
 		t.Fatalf("GitLab holds %s, want %s", got, want)
 	}
-	if err := b.Set(ctx, commit, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"}); err != nil {
+	if err := b.Set(ctx, commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready"}); err != nil {
 		t.Fatal(err)
 	}
 	if n := srv.Store.Count(commit, "flotilla/a"); n != 3 {
@@ -205,26 +205,26 @@ func TestPendingTwice(t *testing.T) {
 func TestClearedFieldsReadBackCleared(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		from, to status.Status
+		from, to commitstatus.Status
 	}{
 		{"pending with a URL to success without",
-			status.Status{Context: "a", State: status.Pending, Description: "waiting", TargetURL: "https://hub.example/a"},
-			status.Status{Context: "a", State: status.Success, Description: "ready"}},
+			commitstatus.Status{Context: "a", State: commitstatus.Pending, Description: "waiting", TargetURL: "https://hub.example/a"},
+			commitstatus.Status{Context: "a", State: commitstatus.Success, Description: "ready"}},
 		{"pending with a description to failure without",
-			status.Status{Context: "a", State: status.Pending, Description: "waiting"},
-			status.Status{Context: "a", State: status.Failure}},
+			commitstatus.Status{Context: "a", State: commitstatus.Pending, Description: "waiting"},
+			commitstatus.Status{Context: "a", State: commitstatus.Failure}},
 		{"pending with a URL to pending without",
-			status.Status{Context: "a", State: status.Pending, Description: "waiting", TargetURL: "https://hub.example/a"},
-			status.Status{Context: "a", State: status.Pending, Description: "waiting"}},
+			commitstatus.Status{Context: "a", State: commitstatus.Pending, Description: "waiting", TargetURL: "https://hub.example/a"},
+			commitstatus.Status{Context: "a", State: commitstatus.Pending, Description: "waiting"}},
 		{"a blank description is none",
-			status.Status{Context: "a", State: status.Pending, Description: "waiting"},
-			status.Status{Context: "a", State: status.Success, Description: "  "}},
+			commitstatus.Status{Context: "a", State: commitstatus.Pending, Description: "waiting"},
+			commitstatus.Status{Context: "a", State: commitstatus.Success, Description: "  "}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := gitlabtest.Start(t)
 			b := newBackend(t, srv, srv.Project, srv.Token)
 			ctx, commit := t.Context(), srv.NewCommit()
-			for _, st := range []status.Status{tc.from, tc.to} {
+			for _, st := range []commitstatus.Status{tc.from, tc.to} {
 				if err := b.Set(ctx, commit, b.Canonical(st)); err != nil {
 					t.Fatal(err)
 				}
@@ -257,8 +257,8 @@ func TestFailuresAreClassified(t *testing.T) {
 			b := newBackend(t, srv, srv.Project, srv.Token)
 			commit := srv.NewCommit()
 			srv.Store.FailNext(1, tc.fault)
-			err := b.Set(t.Context(), commit, status.Status{Context: "flotilla/a", State: status.Pending, Description: "waiting"})
-			var re *status.RetryableError
+			err := b.Set(t.Context(), commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: "waiting"})
+			var re *commitstatus.RetryableError
 			if got := errors.As(err, &re); got != tc.retryable {
 				t.Fatalf("error %v retryable = %v, want %v", err, got, tc.retryable)
 			}

@@ -17,7 +17,7 @@ import (
 	"github.com/bradleyfalzon/ghinstallation/v2"
 	gh "github.com/google/go-github/v93/github"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 )
 
 // DefaultBaseURL is github.com's REST API.
@@ -68,7 +68,7 @@ type Backend struct {
 	repo   string
 }
 
-var _ status.Backend = (*Backend)(nil)
+var _ commitstatus.Backend = (*Backend)(nil)
 
 // New checks opts and returns a backend; nothing is sent until the first Set or Latest.
 func New(opts Options) (*Backend, error) {
@@ -163,7 +163,7 @@ func appTransport(hc *http.Client, base string, app *App) (http.RoundTripper, er
 }
 
 // Set posts st as a new status of commit.
-func (b *Backend) Set(ctx context.Context, commit string, st status.Status) error {
+func (b *Backend) Set(ctx context.Context, commit string, st commitstatus.Status) error {
 	rs := gh.RepoStatus{State: new(string(st.State))}
 	// Empty fields are left out rather than sent empty: GitHub then applies its own
 	// default context and keeps no description or target URL.
@@ -186,8 +186,8 @@ func (b *Backend) Set(ctx context.Context, commit string, st status.Status) erro
 // Latest reads the combined status of commit, every page of it. The combined status
 // lists the newest status of each context, which is exactly what Latest returns; the
 // status list would be the whole history, up to a thousand statuses per context.
-func (b *Backend) Latest(ctx context.Context, commit string) (map[string]status.Status, error) {
-	out := map[string]status.Status{}
+func (b *Backend) Latest(ctx context.Context, commit string) (map[string]commitstatus.Status, error) {
+	out := map[string]commitstatus.Status{}
 	opts := &gh.ListOptions{PerPage: 100}
 	for {
 		cs, resp, err := b.client.Repositories.GetCombinedStatus(ctx, b.owner, b.repo, commit, opts)
@@ -195,9 +195,9 @@ func (b *Backend) Latest(ctx context.Context, commit string) (map[string]status.
 			return nil, fmt.Errorf("github: %s/%s: reading statuses of %s: %w", b.owner, b.repo, commit, classify(resp, err))
 		}
 		for _, s := range cs.Statuses {
-			out[s.GetContext()] = status.Status{
+			out[s.GetContext()] = commitstatus.Status{
 				Context:     s.GetContext(),
-				State:       status.State(s.GetState()),
+				State:       commitstatus.State(s.GetState()),
 				Description: s.GetDescription(),
 				TargetURL:   s.GetTargetURL(),
 			}
@@ -214,8 +214,8 @@ func (b *Backend) Latest(ctx context.Context, commit string) (map[string]status.
 
 // Canonical is st as GitHub keeps it: the description cut to 140 characters and an empty
 // context named "default". GitHub's four states are flotilla's, so none is folded.
-func (b *Backend) Canonical(st status.Status) status.Status {
-	st.Description = status.Truncate(st.Description, DescriptionLimit)
+func (b *Backend) Canonical(st commitstatus.Status) commitstatus.Status {
+	st.Description = commitstatus.Truncate(st.Description, DescriptionLimit)
 	if st.Context == "" {
 		st.Context = defaultContext
 	}
@@ -233,18 +233,18 @@ func classify(resp *gh.Response, err error) error {
 		if abuse.RetryAfter != nil {
 			wait = max(*abuse.RetryAfter, 0)
 		}
-		return status.Retryable(err, wait)
+		return commitstatus.Retryable(err, wait)
 	}
 	if rate, ok := errors.AsType[*gh.RateLimitError](err); ok {
-		return status.Retryable(err, max(rate.Rate.Reset.Sub(now), 0))
+		return commitstatus.Retryable(err, max(rate.Rate.Reset.Sub(now), 0))
 	}
 	if er, ok := errors.AsType[*gh.ErrorResponse](err); ok && er.Response != nil {
 		switch code := er.Response.StatusCode; {
 		case code == http.StatusUnauthorized:
 			// go-github's text is the method, URL and GitHub's message: no credentials.
-			return fmt.Errorf("%w: %w", status.ErrUnauthorized, err)
+			return fmt.Errorf("%w: %w", commitstatus.ErrUnauthorized, err)
 		case code == http.StatusUnprocessableEntity && capReached(er):
-			return fmt.Errorf("%w: %w", status.ErrCapReached, err)
+			return fmt.Errorf("%w: %w", commitstatus.ErrCapReached, err)
 		}
 	}
 	// A failed exchange of the app's JWT for an installation token surfaces as a
@@ -254,15 +254,15 @@ func classify(resp *gh.Response, err error) error {
 		_, _ = io.Copy(io.Discard, io.LimitReader(he.Response.Body, 1<<16))
 		_ = he.Response.Body.Close()
 		if he.Response.StatusCode == http.StatusUnauthorized {
-			return fmt.Errorf("%w: GitHub App installation %d: the app's JWT was refused: %w", status.ErrUnauthorized, he.InstallationID, err)
+			return fmt.Errorf("%w: GitHub App installation %d: the app's JWT was refused: %w", commitstatus.ErrUnauthorized, he.InstallationID, err)
 		}
-		return status.Classify(he.Response, err, now)
+		return commitstatus.Classify(he.Response, err, now)
 	}
 	var hr *http.Response
 	if resp != nil {
 		hr = resp.Response
 	}
-	return status.Classify(hr, err, now)
+	return commitstatus.Classify(hr, err, now)
 }
 
 // capReached tells GitHub's refusal of a status beyond the 1,000 per commit and context:

@@ -3,7 +3,7 @@
 // and the newest status of every context is read from the commit's combined status,
 // page by page.
 //
-// The backend is also a status.PullRequestLister: it lists the open pull requests
+// The backend is also a commitstatus.PullRequestLister: it lists the open pull requests
 // into a branch from GET /repos/{owner}/{repo}/pulls.
 //
 // Gitea's states are pending, success, error, failure and warning (and, in newer
@@ -25,7 +25,7 @@ import (
 
 	sdk "code.gitea.io/sdk/gitea"
 
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 )
 
 // DescriptionLimit is Gitea's limit on a status description in characters: none, as
@@ -58,15 +58,15 @@ type Options struct {
 	HTTPClient *http.Client
 }
 
-// Backend is a status.Backend over a Gitea repository. It is safe for concurrent use.
+// Backend is a commitstatus.Backend over a Gitea repository. It is safe for concurrent use.
 type Backend struct {
 	opts Options
 	hc   *http.Client
 }
 
 var (
-	_ status.Backend           = (*Backend)(nil)
-	_ status.PullRequestLister = (*Backend)(nil)
+	_ commitstatus.Backend           = (*Backend)(nil)
+	_ commitstatus.PullRequestLister = (*Backend)(nil)
 )
 
 // New prepares a backend. It makes no request: the hub must start, and reconcile its
@@ -113,7 +113,7 @@ func (b *Backend) client(ctx context.Context, hc *http.Client) (*sdk.Client, err
 }
 
 // Set creates st as the newest status of its context on commit.
-func (b *Backend) Set(ctx context.Context, commit string, st status.Status) error {
+func (b *Backend) Set(ctx context.Context, commit string, st commitstatus.Status) error {
 	c, err := b.client(ctx, b.hc)
 	if err != nil {
 		return b.errorf(err, "setting %s on %s", st.Context, commit)
@@ -138,8 +138,8 @@ func (b *Backend) Set(ctx context.Context, commit string, st status.Status) erro
 // SDK's request, so the SDK still sends, authenticates and decodes it. Pages are read
 // until the count is reached, or, from a Gitea that sends no count, until a page
 // brings no context not seen before.
-func (b *Backend) Latest(ctx context.Context, commit string) (map[string]status.Status, error) {
-	out := map[string]status.Status{}
+func (b *Backend) Latest(ctx context.Context, commit string) (map[string]commitstatus.Status, error) {
+	out := map[string]commitstatus.Status{}
 	for page := 1; ; page++ {
 		c, err := b.client(ctx, b.paged(page))
 		if err != nil {
@@ -207,9 +207,9 @@ func (b *Backend) OpenPullRequests(ctx context.Context, base string) (map[int]bo
 // Canonical is st as Gitea stores it: context, description and target URL trimmed of
 // surrounding whitespace (git_model.NewCommitStatus does so), the description not cut
 // (DescriptionLimit), the state unchanged.
-func (b *Backend) Canonical(st status.Status) status.Status {
+func (b *Backend) Canonical(st commitstatus.Status) commitstatus.Status {
 	st.Context = strings.TrimSpace(st.Context)
-	st.Description = status.Truncate(strings.TrimSpace(st.Description), DescriptionLimit)
+	st.Description = commitstatus.Truncate(strings.TrimSpace(st.Description), DescriptionLimit)
 	st.TargetURL = strings.TrimSpace(st.TargetURL)
 	return st
 }
@@ -218,10 +218,10 @@ func (b *Backend) Canonical(st status.Status) status.Status {
 // in the field "status" (api.CommitStatus), which the SDK's Status.State is tagged
 // with. Flotilla's states map one to one; a state flotilla does not post (warning,
 // skipped, from other tools on their own contexts) is passed on as Gitea named it.
-func fromGitea(s *sdk.Status) status.Status {
-	return status.Status{
+func fromGitea(s *sdk.Status) commitstatus.Status {
+	return commitstatus.Status{
 		Context:     s.Context,
-		State:       status.State(s.State),
+		State:       commitstatus.State(s.State),
 		Description: s.Description,
 		TargetURL:   s.TargetURL,
 	}
@@ -270,7 +270,7 @@ func (b *Backend) classify(resp *sdk.Response, err error) error {
 	if resp != nil {
 		hr = resp.Response
 	}
-	return status.Classify(hr, redact(err, b.opts.Token), time.Now())
+	return commitstatus.Classify(hr, redact(err, b.opts.Token), time.Now())
 }
 
 // errorf wraps err with what was being done, on which repository.

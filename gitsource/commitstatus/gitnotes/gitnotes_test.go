@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
-	"github.com/flotilla-gitops/flotilla/gitsource/status"
-	"github.com/flotilla-gitops/flotilla/gitsource/status/gitnotes"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitnotes"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
 	"github.com/flotilla-gitops/flotilla/test/statussuite"
 )
@@ -74,8 +74,8 @@ func TestGitReadsTheNotes(t *testing.T) {
 	srv := gitserver.Start(t)
 	repo := srv.NewRepo(t, "fleet", "")
 	c := repo.Commit("main", "add a cluster", map[string][]byte{"clusters/a/cluster.yaml": []byte("name: a\n")})
-	p := status.NewPublisher(newBackend(t, repo.URL()), status.PublisherOptions{})
-	if _, err := p.Publish(ctxT(t), c, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready · 8× H100 80GB on 1 node"}); err != nil {
+	p := commitstatus.NewPublisher(newBackend(t, repo.URL()), commitstatus.PublisherOptions{})
+	if _, err := p.Publish(ctxT(t), c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready · 8× H100 80GB on 1 node"}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -116,7 +116,7 @@ func TestFannedOutNotes(t *testing.T) {
 	if got["flotilla/a"].Description != "waiting" {
 		t.Fatalf("Latest = %v, want the fanned-out note's status", got)
 	}
-	if err := b.Set(ctxT(t), c, status.Status{Context: "flotilla/a", State: status.Success, Description: "ready"}); err != nil {
+	if err := b.Set(ctxT(t), c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready"}); err != nil {
 		t.Fatal(err)
 	}
 	git(t, dir, "fetch", "-q", repo.URL(), "+refs/notes/flotilla:refs/notes/flotilla")
@@ -152,7 +152,7 @@ func TestConcurrentWritersLoseNothing(t *testing.T) {
 		b := newBackend(t, repo.URL())
 		wg.Go(func() {
 			for i := range 5 {
-				st := status.Status{Context: fmt.Sprintf("flotilla/w%d-%d", w, i), State: status.Pending, Description: "waiting"}
+				st := commitstatus.Status{Context: fmt.Sprintf("flotilla/w%d-%d", w, i), State: commitstatus.Pending, Description: "waiting"}
 				if err := b.Set(context.Background(), c, st); err != nil {
 					errs <- err
 					return
@@ -192,8 +192,8 @@ func TestRefusedCredentials(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = b.Set(ctxT(t), c, status.Status{Context: "flotilla/a", State: status.Pending})
-			if !errors.Is(err, status.ErrUnauthorized) {
+			err = b.Set(ctxT(t), c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending})
+			if !errors.Is(err, commitstatus.ErrUnauthorized) {
 				t.Fatalf("Set = %v, want ErrUnauthorized", err)
 			}
 			if strings.Contains(err.Error(), password) {
@@ -205,7 +205,7 @@ func TestRefusedCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Set(ctxT(t), c, status.Status{Context: "flotilla/a", State: status.Pending}); err != nil {
+	if err := b.Set(ctxT(t), c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending}); err != nil {
 		t.Fatalf("Set with the right password: %v", err)
 	}
 }
