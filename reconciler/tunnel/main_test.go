@@ -33,6 +33,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/secrets"
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
 	"github.com/flotilla-gitops/flotilla/test/poll"
+	"github.com/flotilla-gitops/flotilla/test/tunneltest"
 )
 
 // planes[0] is the hub cluster.
@@ -122,27 +123,6 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// desired is the hub's source of desired states in these tests.
-type desired struct {
-	mu    sync.Mutex
-	state map[string]*protocol.DesiredState // by identity
-}
-
-func (d *desired) Desired(_ context.Context, wc *v1alpha1.WorkerCluster) (*protocol.DesiredState, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.state[wc.Labels[v1alpha1.WorkerClusterLabel]], nil
-}
-
-func (d *desired) set(identity string, ds *protocol.DesiredState) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.state == nil {
-		d.state = map[string]*protocol.DesiredState{}
-	}
-	d.state[identity] = ds
-}
-
 // logBuffer collects the hub's structured log for assertions.
 type logBuffer struct {
 	mu  sync.Mutex
@@ -186,7 +166,7 @@ type hub struct {
 	srv     *tunnel.Server
 	addr    string
 	log     *logBuffer
-	desired *desired
+	desired *tunneltest.Desired
 	client  client.Client
 }
 
@@ -194,7 +174,7 @@ type hub struct {
 // client when k is nil.
 func startHub(t testing.TB, k *counted, mod func(*tunnel.Options)) *hub {
 	t.Helper()
-	h := &hub{log: &logBuffer{}, desired: &desired{}, client: admin()}
+	h := &hub{log: &logBuffer{}, desired: &tunneltest.Desired{}, client: admin()}
 	opts := tunnel.Options{Client: admin(), Desired: h.desired, Liveness: fast, AllowInsecureLoopback: true,
 		Log: slogTo(h.log)}
 	if k != nil {

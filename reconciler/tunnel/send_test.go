@@ -67,7 +67,7 @@ func TestAnAgentThatStopsReadingIsDisconnectedWithoutHoldingUpTheOthers(t *testi
 	stuck := newCluster(t, "stuck")
 	all := append([]*cluster{stuck}, good...)
 	for _, c := range all {
-		h.desired.set(c.identity, bigState(1, 1<<10))
+		h.desired.Set(c.identity, bigState(1, 1<<10))
 	}
 	appliers := map[string]*applier{}
 	for _, c := range good {
@@ -90,7 +90,7 @@ func TestAnAgentThatStopsReadingIsDisconnectedWithoutHoldingUpTheOthers(t *testi
 	go func() {
 		for gen := int64(2); gen <= last; gen++ {
 			for _, c := range all {
-				h.desired.set(c.identity, bigState(gen, 512<<10))
+				h.desired.Set(c.identity, bigState(gen, 512<<10))
 				// The stuck agent first: a Push that waited for it would hold up the rest.
 				if ok, err := h.srv.Push(t.Context(), c.identity); err != nil || (!ok && c != stuck) {
 					pushed <- fmt.Errorf("Push(%s) of generation %d = %v, %v", c.identity, gen, ok, err)

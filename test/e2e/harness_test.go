@@ -33,6 +33,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 	"github.com/flotilla-gitops/flotilla/test/poll"
+	"github.com/flotilla-gitops/flotilla/test/tunneltest"
 )
 
 // planes[0] is the hub, planes[1] and planes[2] are workers.
@@ -73,28 +74,6 @@ func (l *logBuffer) String() string {
 
 func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
-// desired is the hub's source of desired states in these tests: the rendered template
-// cluster, changed by the test as a fleet repository would be.
-type desired struct {
-	mu    sync.Mutex
-	state map[string]*protocol.DesiredState // by identity
-}
-
-func (d *desired) Desired(_ context.Context, wc *v1alpha1.WorkerCluster) (*protocol.DesiredState, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.state[wc.Labels[v1alpha1.WorkerClusterLabel]], nil
-}
-
-func (d *desired) set(identity string, ds *protocol.DesiredState) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.state == nil {
-		d.state = map[string]*protocol.DesiredState{}
-	}
-	d.state[identity] = ds
-}
-
 // rendered is the template's example cluster as the hub renders it, with changes made
 // to its objects by edit.
 func rendered(t testing.TB, generation int64, edit func([]*unstructured.Unstructured) []*unstructured.Unstructured) (*protocol.DesiredState, *render.Result) {
@@ -130,7 +109,7 @@ type fleetCase struct {
 	identity string
 	token    secrets.Token
 	agentNS  string // the agent's namespace on the worker
-	desired  *desired
+	desired  *tunneltest.Desired
 	state    *protocol.DesiredState
 	res      *render.Result
 }
@@ -145,7 +124,7 @@ func newCase(t testing.TB, name string) *fleetCase {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &fleetCase{t: t, name: name, ns: "tenant-" + name, identity: fleet.Identity(f.Spec.Spec.Tenant, fleetgen.ExampleCluster), token: tok, agentNS: "flotilla-" + name, desired: &desired{}}
+	c := &fleetCase{t: t, name: name, ns: "tenant-" + name, identity: fleet.Identity(f.Spec.Spec.Tenant, fleetgen.ExampleCluster), token: tok, agentNS: "flotilla-" + name, desired: &tunneltest.Desired{}}
 	for _, ns := range []struct {
 		c    client.Client
 		name string
@@ -163,7 +142,7 @@ func newCase(t testing.TB, name string) *fleetCase {
 		t.Fatal(err)
 	}
 	c.state, c.res = rendered(t, 1, nil)
-	c.desired.set(c.identity, c.state)
+	c.desired.Set(c.identity, c.state)
 	t.Cleanup(func() { c.cleanup() })
 	return c
 }

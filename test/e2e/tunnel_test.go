@@ -209,7 +209,7 @@ func TestDesiredStateIsAppliedUpdatedAndPruned(t *testing.T) {
 	if dropped == nil {
 		t.Fatal("the template renders no LocalQueue to drop")
 	}
-	c.desired.set(c.identity, c.state)
+	c.desired.Set(c.identity, c.state)
 	if ok, err := h.srv.Push(t.Context(), c.identity); err != nil || !ok {
 		t.Fatalf("Push = %v, %v", ok, err)
 	}
@@ -327,7 +327,7 @@ func TestFaultsConverge(t *testing.T) {
 			}
 			return objs
 		})
-		c.desired.set(c.identity, c.state)
+		c.desired.Set(c.identity, c.state)
 	}
 	queueing := func(t *testing.T, want string) {
 		t.Helper()
