@@ -6,38 +6,77 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
 	"github.com/go-git/go-git/v5/plumbing"
 )
 
-// Changes is what a new head asks the hub to re-read.
+// Changes are the paths that differ between two commits' trees. They name no file of
+// a fleet: what a changed path means (one cluster, or every one) is the fleet model's
+// to say.
 type Changes struct {
-	// All is set when a fleet-wide input changed, or the history was rewritten: every
-	// cluster must be re-read.
+	// All is set when any path may have changed: the first read, a rewritten history,
+	// a last commit no longer known, or more than MaxChangedPaths changed paths. Paths
+	// is then nil.
 	All bool
 	// Reason says why All is set, for logs.
 	Reason string
-	// Clusters are the directories under clusters/ with a change below them, sorted;
-	// a directory that was removed or renamed away is among them.
-	Clusters []string
+	// Paths are the changed paths, sorted, named down to the second level: a changed
+	// top-level file is named itself ("fleet.yaml"); a top-level directory whose
+	// content changed is named by each of its entries that changed ("presets/a100",
+	// "clusters/gpu-a"), never deeper. A path that was removed or renamed away is
+	// among them.
+	Paths []string
+
+	// st, old and new are the compared trees, for FirstChange.
+	st       *store
+	old, new plumbing.Hash
 }
 
-// Empty reports whether nothing the hub reads changed.
-func (c Changes) Empty() bool { return !c.All && len(c.Clusters) == 0 }
+// Empty reports whether no path changed.
+func (c Changes) Empty() bool { return !c.All && len(c.Paths) == 0 }
 
-// fleetWide are the paths whose change touches every cluster.
-func fleetWide(p string) bool {
-	return p == "fleet.yaml" || p == ".sops.yaml" || p == "presets" || strings.HasPrefix(p, "presets/")
+// FirstChange names, for a reader, the first changed file at or below p, one of
+// Paths: "presets/a100/kustomization.yaml" for "presets/a100". It is p itself when p
+// is a file, when nothing below it can be read, or past a depth of maxReasonDepth.
+// It reads only the directories on the way, so a caller may ask once the meaning of
+// a path calls for a file to point at.
+func (c Changes) FirstChange(p string) string {
+	if c.st == nil {
+		return p
+	}
+	root := func(h plumbing.Hash) treeEntry { return treeEntry{mode: []byte("40000"), name: []byte{}, hash: h} }
+	o, n := root(c.old), root(c.new)
+	for name := range strings.SplitSeq(p, "/") {
+		var err error
+		if o, err = c.st.entry(o, name); err != nil {
+			return p
+		}
+		if n, err = c.st.entry(n, name); err != nil {
+			return p
+		}
+	}
+	first, err := firstChange(c.st, p, o, n, 0)
+	if err != nil {
+		return p
+	}
+	return first
 }
+
+// MaxChangedPaths is the most changed paths a comparison keeps: every cluster of a
+// fleet of 10,000, the most a hub is built for, changed at once. Past it, re-reading
+// everything is what the change costs anyway, and the paths are not kept.
+const MaxChangedPaths = 10_000
+
+var errTooManyChanged = errors.New("too many changed paths")
 
 // diff compares two trees of st. Entries are compared by hash and mode in the order
 // git sorts them, straight from the trees' bytes, and a directory is read only where
-// its entries differ: the cost follows the size of the change and of the clusters/
-// directory, not of the fleet. A change of one cluster among 10,000 reads the two
-// roots and the two clusters/ directories, and allocates nothing per entry.
+// its entries differ, and only at the top level: the cost follows the size of the
+// change and of the changed top-level directories, not of the fleet. A change of one
+// cluster among 10,000 reads the two roots and the two clusters/ directories, and
+// allocates nothing per unchanged entry.
 func diff(ctx context.Context, st *store, old, new plumbing.Hash) (Changes, error) {
 	oldRoot, err := st.tree(old)
 	if err != nil {
@@ -47,60 +86,54 @@ func diff(ctx context.Context, st *store, old, new plumbing.Hash) (Changes, erro
 	if err != nil {
 		return Changes{}, err
 	}
-	var ch Changes
-	clusters := map[string]bool{}
+	var paths []string
+	keep := func(p string) error {
+		if len(paths) == MaxChangedPaths {
+			return errTooManyChanged
+		}
+		paths = append(paths, p)
+		return nil
+	}
 	err = diffEntries(oldRoot, newRoot, func(o, n treeEntry) error {
-		name := string(o.or(n).name)
-		switch {
-		case fleetWide(name):
-			if !ch.All {
-				p, err := firstChange(st, name, o, n, 0)
-				if err != nil {
-					return err
-				}
-				ch.All, ch.Reason = true, p+" changed"
-			}
-		case name == "clusters":
-			oldDir, err := st.subtree(o)
-			if err != nil {
-				return err
-			}
-			newDir, err := st.subtree(n)
-			if err != nil {
-				return err
-			}
-			// A file directly under clusters/ counts under its own name: the loader
-			// ignores it, so re-reading that name is harmless. Past
-			// maxChangedClusters names, re-reading every cluster is what the change
-			// costs anyway, and the names are not kept.
-			err = diffEntries(oldDir, newDir, func(o, n treeEntry) error {
-				if len(clusters) == maxChangedClusters {
-					return errTooManyChanged
-				}
-				clusters[string(o.or(n).name)] = true
-				return nil
-			})
-			if errors.Is(err, errTooManyChanged) {
-				clear(clusters)
-				ch.All, ch.Reason = true, fmt.Sprintf("more than %d cluster directories changed", maxChangedClusters)
-				err = nil
-			}
+		if err := ctx.Err(); err != nil {
 			return err
 		}
-		return ctx.Err()
+		top := string(o.or(n).name)
+		oldDir, err := st.subtree(o)
+		if err != nil {
+			return err
+		}
+		newDir, err := st.subtree(n)
+		if err != nil {
+			return err
+		}
+		if oldDir == nil && newDir == nil {
+			return keep(top)
+		}
+		named := false
+		err = diffEntries(oldDir, newDir, func(o, n treeEntry) error {
+			named = true
+			return keep(top + "/" + string(o.or(n).name))
+		})
+		if err == nil && !named {
+			// A directory whose entries compare equal yet whose hash differs (an
+			// unsorted tree, say) still changed.
+			err = keep(top)
+		}
+		return err
 	})
+	if errors.Is(err, errTooManyChanged) {
+		return Changes{All: true, Reason: fmt.Sprintf("more than %d paths changed", MaxChangedPaths)}, nil
+	}
 	if err != nil {
 		return Changes{}, fmt.Errorf("gitsource: comparing trees %s and %s: %w", old, new, err)
 	}
-	ch.Clusters = slices.Sorted(maps.Keys(clusters))
-	return ch, nil
+	// Git's order puts a directory's name as if it ended in "/"; callers get plain
+	// sorted paths, each once: a file and a directory of one name, both changed
+	// without an entry to name, are one path.
+	slices.Sort(paths)
+	return Changes{Paths: slices.Compact(paths), st: st, old: old, new: new}, nil
 }
-
-// maxChangedClusters is the most changed cluster names a comparison keeps: a fleet
-// of 10,000 clusters, the most a hub is built for, changed all at once.
-const maxChangedClusters = 10_000
-
-var errTooManyChanged = errors.New("too many changed clusters")
 
 // maxReasonDepth bounds how deep firstChange looks for a changed file to name: a
 // reason is for a reader, and a head may nest directories without end.
@@ -245,4 +278,23 @@ func (s *store) subtree(e treeEntry) ([]byte, error) {
 		return nil, nil
 	}
 	return s.tree(e.hash)
+}
+
+// entry is the entry name of the directory e, or an absent entry when e is absent, is
+// not a directory, or has no such entry.
+func (s *store) entry(e treeEntry, name string) (treeEntry, error) {
+	data, err := s.subtree(e)
+	if err != nil {
+		return treeEntry{}, err
+	}
+	for len(data) > 0 {
+		var ent treeEntry
+		if ent, data, err = nextEntry(data); err != nil {
+			return treeEntry{}, err
+		}
+		if string(ent.name) == name {
+			return ent, nil
+		}
+	}
+	return treeEntry{}, nil
 }

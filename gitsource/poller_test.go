@@ -72,7 +72,7 @@ func TestAWebhookTriggersAFetchOfThePush(t *testing.T) {
 			return
 		}
 		last = snap.Commit
-		results <- seen{snap.Commit, ch.Clusters}
+		results <- seen{snap.Commit, ch.Paths}
 	})
 	h := gitsource.NewWebhookHandler(gitsource.WebhookOptions{Secret: []byte(secret), Trigger: func(gitsource.Forge, string) { p.Trigger() }})
 	srv := httptest.NewServer(h)
@@ -100,10 +100,10 @@ func TestAWebhookTriggersAFetchOfThePush(t *testing.T) {
 	}
 	select {
 	case r := <-results:
-		if r.head.String() != head || len(r.changed) != 1 || r.changed[0] != "gpu-z" {
-			t.Fatalf("after the webhook: head %s changed %v; want %s and [gpu-z]", r.head, r.changed, head)
+		if r.head.String() != head || len(r.changed) != 1 || r.changed[0] != "clusters/gpu-z" {
+			t.Fatalf("after the webhook: head %s changed %v; want %s and [clusters/gpu-z]", r.head, r.changed, head)
 		}
-		t.Logf("push seen and changed clusters computed %v after the webhook", time.Since(sent))
+		t.Logf("push seen and changed paths computed %v after the webhook", time.Since(sent))
 	case <-time.After(30 * time.Second):
 		t.Fatal("the webhook did not lead to a fetch; the poll interval is an hour")
 	}

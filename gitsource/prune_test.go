@@ -65,7 +65,7 @@ func TestBranchCopyStaysBoundedOverManyPushes(t *testing.T) {
 		if err := <-read; err != nil {
 			t.Fatalf("push %d: the head before, read during the fetch: %v", i, err)
 		}
-		if next.Commit.String() != head || ch.All || !slices.Equal(ch.Clusters, []string{name}) {
+		if next.Commit.String() != head || ch.All || !slices.Equal(affected(ch).Clusters, []string{name}) {
 			t.Fatalf("push %d: head %s with changes %+v, want %s changing %s", i, next.Commit, ch, head, name)
 		}
 		if err := readsAs(next, name, data); err != nil {
@@ -105,7 +105,7 @@ func TestPullRequestCopyStaysBoundedOverManyPullRequests(t *testing.T) {
 			t.Fatalf("#%d: %v", n, err)
 		}
 		if len(got) == 0 || got[len(got)-1].Number != n || got[len(got)-1].Err != nil ||
-			!slices.Equal(got[len(got)-1].Changes.Clusters, []string{name}) {
+			!slices.Equal(affected(got[len(got)-1].Changes).Clusters, []string{name}) {
 			t.Fatalf("#%d: read %+v, want it to change %s", n, got, name)
 		}
 		if err := readsAs(&prFS{got[len(got)-1]}, name, randomFile(uint64(n), size)); err != nil {

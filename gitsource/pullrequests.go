@@ -36,7 +36,7 @@ type PullRequest struct {
 	// the branch's head.
 	Base plumbing.Hash
 	// BaseFound is false when the fork point lies beyond PullRequestDepth; Base is then
-	// the branch's head, and Changes may name clusters that changed on the branch since.
+	// the branch's head, and Changes may name paths that changed on the branch since.
 	BaseFound bool
 	// Changes are what merging the pull request would change, from the trees of Base
 	// and Head.

@@ -50,7 +50,7 @@ func TestPullRequestsNameTheClustersTheyWouldChange(t *testing.T) {
 	}
 	var gotPRs []got
 	for _, pr := range prs {
-		gotPRs = append(gotPRs, got{pr.Ref, pr.Number, pr.Changes.All, pr.Changes.Clusters})
+		gotPRs = append(gotPRs, got{pr.Ref, pr.Number, affected(pr.Changes).All, affected(pr.Changes).Clusters})
 		if !pr.BaseFound || pr.Base.String() == main {
 			t.Errorf("%s compared with %s (found %v), want its fork point, not main's head", pr.Ref, pr.Base, pr.BaseFound)
 		}
@@ -92,7 +92,7 @@ func TestPullRequestsNameTheClustersTheyWouldChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(prs) != 1 || prs[0].Head.String() != head1 || !slices.Equal(prs[0].Changes.Clusters, []string{"gpu-a", "gpu-c", "gpu-d"}) {
+	if len(prs) != 1 || prs[0].Head.String() != head1 || !slices.Equal(affected(prs[0].Changes).Clusters, []string{"gpu-a", "gpu-c", "gpu-d"}) {
 		t.Fatalf("after a push to #1: %+v", prs[0])
 	}
 }
@@ -177,7 +177,7 @@ func TestPullRequestOverTheBudgetIsReportedAndTheOthersAreRead(t *testing.T) {
 				t.Fatalf("pull request %d is #%d at %s, want #%d at %s", i, pr.Number, pr.Head, w.number, heads[w.number])
 			}
 			if w.err == "" {
-				if pr.Err != nil || !slices.Equal(pr.Changes.Clusters, []string{fleetgen.ExampleCluster}) {
+				if pr.Err != nil || !slices.Equal(affected(pr.Changes).Clusters, []string{fleetgen.ExampleCluster}) {
 					t.Errorf("#%d: %v, changes %+v: want it read, changing %s", pr.Number, pr.Err, pr.Changes, fleetgen.ExampleCluster)
 				} else if f := fleet.Load(pr.FS()); !f.Clusters[fleetgen.ExampleCluster].Object.Spec.Cordoned {
 					t.Errorf("#%d reads without its change", pr.Number)
@@ -240,7 +240,7 @@ func TestPullRequestsPastWhatTheHubHoldsAtOnceWaitTheirTurn(t *testing.T) {
 					t.Fatalf("%d pull requests, want 3", len(prs))
 				}
 				for _, pr := range prs[:2] {
-					if pr.Err != nil || !slices.Equal(pr.Changes.Clusters, []string{fleetgen.ExampleCluster}) {
+					if pr.Err != nil || !slices.Equal(affected(pr.Changes).Clusters, []string{fleetgen.ExampleCluster}) {
 						t.Fatalf("#%d: %v, changes %+v: want it read", pr.Number, pr.Err, pr.Changes)
 					}
 				}

@@ -1,7 +1,9 @@
 // Package gitsource follows a fleet repository: it keeps a shallow, single-branch copy
-// in memory, fetches only when the remote head moved, and tells which cluster
-// directories changed between the last reconciled commit and the new head, from the two
-// trees rather than from anything a forge says.
+// in memory, fetches only when the remote head moved, and tells which paths changed
+// between the last reconciled commit and the new head, from the two trees rather than
+// from anything a forge says. It knows no fleet's layout: Changes names paths down to
+// the second level (a changed top-level file, or the changed entries of a top-level
+// directory), and the fleet model says what they mean.
 package gitsource
 
 import (
@@ -244,10 +246,11 @@ func (s *Source) snapshot(h plumbing.Hash) (*Snapshot, error) {
 }
 
 // Update fetches and compares the new head with last, the commit the caller reconciled
-// last (the zero hash at start): the changes say what to re-read. With TrustedKeys set,
-// a new head that fails verification gives a *VerificationError and nothing to apply; a
-// head over BranchLimits gives a *BudgetError. The copy keeps the new head and last,
-// so a caller that could not apply the head may ask again with the same last.
+// last (the zero hash at start): the changes say which paths differ, or that any may.
+// With TrustedKeys set, a new head that fails verification gives a *VerificationError
+// and nothing to apply; a head over BranchLimits gives a *BudgetError. The copy keeps
+// the new head and last, so a caller that could not apply the head may ask again with
+// the same last.
 func (s *Source) Update(ctx context.Context, last plumbing.Hash) (*Snapshot, Changes, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -281,7 +284,7 @@ func (s *Source) Update(ctx context.Context, last plumbing.Hash) (*Snapshot, Cha
 	if !descends(snap, last) {
 		// A rewritten history may have come with changes the trees alone do not show to
 		// a reader of statuses, such as commits that vanished: read everything again.
-		ch.All, ch.Reason = true, "the new head does not descend from the last reconciled commit"
+		ch = Changes{All: true, Reason: "the new head does not descend from the last reconciled commit"}
 	}
 	return snap, ch, nil
 }

@@ -31,6 +31,11 @@ func clusterFile(name string) string {
 	return "clusters/" + name + "/cluster.yaml"
 }
 
+// affected is what the hub makes of ch: the fleet model's reading of its paths.
+func affected(ch gitsource.Changes) fleet.Affected {
+	return fleet.Change{All: ch.All, Reason: ch.Reason, Paths: ch.Paths, FirstChange: ch.FirstChange}.Affected()
+}
+
 func TestSnapshotReadsLikeACheckout(t *testing.T) {
 	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
 	s := newSource(t, repo.URL())
@@ -61,7 +66,10 @@ func TestSnapshotReadsLikeACheckout(t *testing.T) {
 	}
 }
 
-func TestUpdateNamesTheChangedClusters(t *testing.T) {
+// Update names the paths a new head changed, and the fleet model reads them as the
+// clusters the hub re-reads: a cluster's directory is that cluster, a fleet-wide file
+// every cluster with the file in the reason, anything else nothing.
+func TestUpdateNamesTheChangedPaths(t *testing.T) {
 	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
 	s := newSource(t, repo.URL())
 	first, _, err := s.Update(t.Context(), plumbing.ZeroHash)
@@ -74,39 +82,43 @@ func TestUpdateNamesTheChangedClusters(t *testing.T) {
 	}
 	last := first.Commit
 	for _, step := range []struct {
-		name     string
-		commit   func() string
+		name   string
+		commit func() string
+		// paths are what the source names; nil when anything may have changed.
+		paths []string
+		// all, reason and clusters are what the fleet model makes of them.
 		all      bool
+		reason   string
 		clusters []string
 	}{
-		{"a cluster added", func() string {
+		{name: "a cluster added", commit: func() string {
 			return repo.Commit("main", "add", map[string][]byte{clusterFile("gpu-a"): withName("gpu-a"), clusterFile("gpu-b"): withName("gpu-b")})
-		}, false, []string{"gpu-a", "gpu-b"}},
-		{"a cluster modified", func() string {
+		}, paths: []string{"clusters/gpu-a", "clusters/gpu-b"}, clusters: []string{"gpu-a", "gpu-b"}},
+		{name: "a cluster modified", commit: func() string {
 			return repo.Commit("main", "cordon", map[string][]byte{clusterFile("gpu-a"): []byte(strings.Replace(string(withName("gpu-a")), "cordoned: false", "cordoned: true", 1))})
-		}, false, []string{"gpu-a"}},
-		{"a cluster deleted", func() string {
+		}, paths: []string{"clusters/gpu-a"}, clusters: []string{"gpu-a"}},
+		{name: "a cluster deleted", commit: func() string {
 			return repo.Commit("main", "remove", map[string][]byte{clusterFile("gpu-b"): nil})
-		}, false, []string{"gpu-b"}},
-		{"a cluster renamed", func() string {
+		}, paths: []string{"clusters/gpu-b"}, clusters: []string{"gpu-b"}},
+		{name: "a cluster renamed", commit: func() string {
 			return repo.Commit("main", "rename", map[string][]byte{clusterFile("gpu-a"): nil, clusterFile("gpu-c"): withName("gpu-c")})
-		}, false, []string{"gpu-a", "gpu-c"}},
-		{"a file outside clusters and presets", func() string {
+		}, paths: []string{"clusters/gpu-a", "clusters/gpu-c"}, clusters: []string{"gpu-a", "gpu-c"}},
+		{name: "a file outside clusters and presets", commit: func() string {
 			return repo.Commit("main", "docs", map[string][]byte{"README.md": []byte("new text\n")})
-		}, false, nil},
-		{"a preset", func() string {
+		}, paths: []string{"README.md"}},
+		{name: "a preset", commit: func() string {
 			return repo.Commit("main", "preset", map[string][]byte{"presets/gpu/notes.txt": []byte("x\n")})
-		}, true, nil},
-		{"fleet.yaml", func() string {
+		}, paths: []string{"presets/gpu"}, all: true, reason: "presets/gpu/notes.txt changed"},
+		{name: "fleet.yaml", commit: func() string {
 			f := fleetgen.Template()["fleet.yaml"].Data
 			return repo.Commit("main", "fleet", map[string][]byte{"fleet.yaml": append(append([]byte{}, f...), "# touched\n"...)})
-		}, true, nil},
-		{".sops.yaml", func() string {
+		}, paths: []string{"fleet.yaml"}, all: true, reason: "fleet.yaml changed"},
+		{name: ".sops.yaml", commit: func() string {
 			return repo.Commit("main", "sops", map[string][]byte{".sops.yaml": []byte("creation_rules: []\n")})
-		}, true, nil},
-		{"a force-push", func() string {
+		}, paths: []string{".sops.yaml"}, all: true, reason: ".sops.yaml changed"},
+		{name: "a force-push", commit: func() string {
 			return repo.Rewrite("main", "rewritten", map[string][]byte{clusterFile("gpu-d"): withName("gpu-d")})
-		}, true, nil},
+		}, all: true, reason: "the new head does not descend from the last reconciled commit"},
 	} {
 		t.Run(step.name, func(t *testing.T) {
 			head := step.commit()
@@ -117,11 +129,11 @@ func TestUpdateNamesTheChangedClusters(t *testing.T) {
 			if snap.Commit.String() != head {
 				t.Fatalf("head %s, want %s", snap.Commit, head)
 			}
-			if ch.All != step.all || !step.all && !slices.Equal(ch.Clusters, step.clusters) {
-				t.Fatalf("changes %+v, want all=%v clusters=%v", ch, step.all, step.clusters)
+			if ch.All != (step.paths == nil) || !slices.Equal(ch.Paths, step.paths) {
+				t.Fatalf("changes %+v, want paths %q", ch, step.paths)
 			}
-			if ch.All && ch.Reason == "" {
-				t.Error("a full re-read without a reason")
+			if got := affected(ch); got.All != step.all || got.Reason != step.reason || !slices.Equal(got.Clusters, step.clusters) {
+				t.Fatalf("affected %+v, want all=%v reason=%q clusters=%q", got, step.all, step.reason, step.clusters)
 			}
 			last = snap.Commit
 		})

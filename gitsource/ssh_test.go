@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/pem"
+	"slices"
 	"strings"
 	"testing"
 
@@ -73,7 +74,7 @@ func TestSSH(t *testing.T) {
 				// And an incremental fetch of a new commit.
 				next := repo.Commit("main", "add a cluster", map[string][]byte{clusterFile("gpu-z"): []byte("name: gpu-z\n")})
 				snap, ch, err = s.Update(t.Context(), snap.Commit)
-				if err != nil || snap.Commit.String() != next || len(ch.Clusters) != 1 || ch.Clusters[0] != "gpu-z" {
+				if err != nil || snap.Commit.String() != next || !slices.Equal(ch.Paths, []string{"clusters/gpu-z"}) {
 					t.Fatalf("incremental fetch over SSH: %v, %+v, %v", snap, ch, err)
 				}
 				return

@@ -34,6 +34,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitlab"
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitnotes"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/hub"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
@@ -86,12 +87,6 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg, cached)
 	plans := plan.NewStore(0)
-	h, err := hub.New(hub.Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Log: log, OnSync: m.observeSync, OnFetch: m.observeFetch, OnReconcile: m.observeReconcile,
-		Plans: plans, PublicURL: cfg.PublicURL, PlanTimeout: time.Duration(cfg.Plans.Timeout), PlanWorkers: cfg.Plans.Workers, MaxPlannedClusters: cfg.Plans.MaxRenderedClusters,
-		Budget: fleet.Budget{MaxBytes: cfg.Heads.MaxBytes, MaxFiles: cfg.Heads.MaxFiles, MaxDepth: cfg.Heads.MaxDepth}})
-	if err != nil {
-		return err
-	}
 	live := protocol.DefaultLiveness
 	if cfg.Heartbeat.Interval > 0 {
 		live.Interval = time.Duration(cfg.Heartbeat.Interval)
@@ -99,11 +94,20 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if cfg.Heartbeat.Timeout > 0 {
 		live.Timeout = time.Duration(cfg.Heartbeat.Timeout)
 	}
-	tun, err := tunnel.New(tunnel.Options{Client: c, Reader: cached, IdentityIndexed: true, Desired: h, OnStatus: h.OnStatus, Resolve: h.Resolve, Liveness: live, AllowInsecureLoopback: cfg.AllowInsecureLoopback, Log: log})
+	// The tunnel and the hub's reconciler both learn facts about the clusters; one
+	// writer turns them into the WorkerClusters' status.
+	status := conditions.NewWriter(c)
+	tun, err := tunnel.New(tunnel.Options{Client: c, Reader: cached, IdentityIndexed: true, Status: status, Liveness: live, AllowInsecureLoopback: cfg.AllowInsecureLoopback, Log: log})
 	if err != nil {
 		return err
 	}
-	h.Attach(tun)
+	h, err := hub.New(hub.Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Tunnel: tun, Status: status, Log: log,
+		OnSync: m.observeSync, OnFetch: m.observeFetch, OnReconcile: m.observeReconcile,
+		Plans: plans, PublicURL: cfg.PublicURL, PlanTimeout: time.Duration(cfg.Plans.Timeout), PlanWorkers: cfg.Plans.Workers, MaxPlannedClusters: cfg.Plans.MaxRenderedClusters,
+		Budget: fleet.Budget{MaxBytes: cfg.Heads.MaxBytes, MaxFiles: cfg.Heads.MaxFiles, MaxDepth: cfg.Heads.MaxDepth}})
+	if err != nil {
+		return err
+	}
 	m.connected(tun.Sessions)
 
 	mux := http.NewServeMux()

@@ -9,6 +9,10 @@
 // head over budget is a broken fleet as a whole, like a broken fleet.yaml: Errors says
 // which budget it broke and where, nothing of it but fleet.yaml is validated or kept,
 // and nothing of it may be rendered or taken as removed.
+//
+// It also says what a change between two heads means (Change.Affected): a Git source
+// names the changed paths, and the fleet's layout decides which clusters they touch,
+// or that every cluster does.
 package fleet
 
 import (

@@ -10,7 +10,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
-	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 )
 
 // decommissionHash is the desired "state" of a cluster leaving the fleet.
@@ -26,8 +26,7 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 		wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.SourceCommitAnnotation: head})
 		return s.finishDecommission(ctx, wc, "decommissioned: the worker keeps its objects (decommission: Keep); the agent is revoked")
 	}
-	s.hub.setDesired(identity, &protocol.DesiredState{Generation: wc.Generation, Hash: decommissionHash(wc), Decommission: true})
-	if err := s.patchStatus(ctx, wc.Name, func(w *v1alpha1.WorkerCluster) { w.Status.DesiredHash = decommissionHash(wc) }); err != nil {
+	if _, err := s.hub.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), conditions.Desired{Hash: decommissionHash(wc)}); err != nil {
 		return err
 	}
 	patch := client.MergeFrom(wc.DeepCopy())
@@ -36,11 +35,7 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 		return err
 	}
 	s.post(ctx, head, commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Pending, Description: "decommissioning: waiting for the agent to prune what it owns"})
-	if s.hub.tunnel != nil {
-		if _, err := s.hub.tunnel.Push(ctx, identity); err != nil {
-			s.log.Warn("pushing the decommission", "cluster", wc.Name, "error", err)
-		}
-	}
+	s.hub.opts.Tunnel.Push(client.ObjectKeyFromObject(wc), identity, &protocol.DesiredState{Generation: wc.Generation, Hash: decommissionHash(wc), Decommission: true})
 	// The agent may be redialling (a hub restart, a network blip), or be cut off for
 	// not reading what it was sent: it gets the decommission when it connects, and the
 	// WorkerCluster goes without pruning only if no agent is connected for StaleAfter.
@@ -80,7 +75,7 @@ func (s *Source) awaitPrune(ctx context.Context, key client.ObjectKey, identity 
 			return
 		}
 		msg := "removed; the agent did not connect, so nothing was pruned on the worker"
-		if s.hub.tunnel != nil && s.hub.tunnel.Connected(identity) {
+		if s.hub.opts.Tunnel.Connected(identity) {
 			if time.Now().Before(deadline) {
 				s.awaitPrune(ctx, key, identity, deadline)
 				return
@@ -103,17 +98,12 @@ func (s *Source) maybeFinishDecommission(ctx context.Context, wc *v1alpha1.Worke
 
 // finishDecommission revokes the agent's credential and deletes the WorkerCluster.
 func (s *Source) finishDecommission(ctx context.Context, wc *v1alpha1.WorkerCluster, msg string) error {
-	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
-	if err := tunnel.Revoke(ctx, s.hub.opts.Client, wc); err != nil {
+	if err := s.hub.opts.Tunnel.Revoke(ctx, wc); err != nil {
 		return fmt.Errorf("revoking the credential of %s/%s: %w", wc.Namespace, wc.Name, err)
-	}
-	if s.hub.tunnel != nil {
-		s.hub.tunnel.Disconnect(identity)
 	}
 	if err := s.hub.opts.Client.Delete(ctx, wc); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("deleting WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
-	s.hub.setDesired(identity, nil)
 	s.log.Info("cluster decommissioned", "cluster", wc.Name)
 	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Success, Description: msg})
 	s.mu.Lock()

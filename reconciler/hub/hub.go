@@ -1,15 +1,17 @@
 // Package hub joins the hub's parts into the product: it follows each fleet source
 // (a repository and branch for one tenant), re-reads only the clusters a new head
 // changed, validates and renders them, keeps one WorkerCluster per cluster in the
-// tenant's namespace, hands the desired states to the tunnel, sums the agents' reports
-// up into Ready, and reports each cluster as a commit status on the commit its state
-// came from.
+// tenant's namespace, pushes the desired states through the tunnel (the [Tunnel]
+// interface: cmd/flotilla-hub hands it reconciler/tunnel's server), and reports each
+// cluster as a commit status on the commit its state came from. The WorkerClusters'
+// status belongs to reconciler/conditions: the hub records what it renders there and
+// learns from it which statuses the agents' reports changed.
 //
-// Each verb has its file: hub.go the hub and the desired states it hands the tunnel,
-// source.go a followed repository and its workers, sync.go a new head of the branch,
-// reconcile.go one cluster of it, decommission.go a cluster that left, publish.go the
-// commit statuses, plans.go the pull requests' plans, and faults.go how a fault of the
-// hub's own reads on a commit.
+// Each verb has its file: hub.go the hub and what it needs of the tunnel, source.go a
+// followed repository and its workers, sync.go a new head of the branch, reconcile.go
+// one cluster of it, decommission.go a cluster that left, publish.go the commit
+// statuses, plans.go the pull requests' plans, and faults.go how a fault of the hub's
+// own reads on a commit.
 package hub
 
 import (
@@ -23,10 +25,10 @@ import (
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/render"
-	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
@@ -35,7 +37,12 @@ type Options struct {
 	// Client reads and writes WorkerClusters and Secrets on the hub cluster.
 	Client    client.Client
 	Decryptor *secrets.Decryptor
-	Log       *slog.Logger
+	// Tunnel reaches the agents: the hub pushes desired states through it.
+	Tunnel Tunnel
+	// Status writes the WorkerClusters' status; the hub learns through it which
+	// statuses changed, to post their commit statuses.
+	Status *conditions.Writer
+	Log    *slog.Logger
 	// OnSync, OnFetch and OnReconcile, when set, learn for metrics how long each sync
 	// of a source, each fetch within it, and each cluster's reconcile took.
 	OnSync      func(source string, took time.Duration, err error)
@@ -64,25 +71,37 @@ type Options struct {
 	Budget fleet.Budget
 }
 
-// Hub reconciles fleet sources. Attach the tunnel before running it.
+// Tunnel is what the hub needs of the agents' tunnels (reconciler/tunnel's Server).
+type Tunnel interface {
+	// Push makes ds the desired state of the identity, whose WorkerCluster is key, and
+	// hands it to its agent if connected, without waiting for the network.
+	Push(key client.ObjectKey, identity string, ds *protocol.DesiredState) bool
+	// Connected reports whether the identity's agent has a live tunnel.
+	Connected(identity string) bool
+	// Revoke ends the agent of wc for good, before its WorkerCluster is deleted.
+	Revoke(ctx context.Context, wc *v1alpha1.WorkerCluster) error
+	// Redeemed reports whether the WorkerCluster named key redeemed token before, in
+	// an earlier life: the tunnel refuses it.
+	Redeemed(ctx context.Context, key client.ObjectKey, token secrets.Hash) (bool, error)
+}
+
+// Hub reconciles fleet sources.
 type Hub struct {
 	opts     Options
 	renderer *render.Renderer
-	tunnel   *tunnel.Server
 
 	// planSlots holds a token for every plan being computed, over all sources.
 	planSlots chan struct{}
 
 	mu      sync.Mutex
-	desired map[string]*protocol.DesiredState // by identity
-	keys    map[string]client.ObjectKey       // the WorkerCluster of each identity
-	sources map[string]*Source                // by tenant namespace
+	sources map[string]*Source // by tenant namespace
 }
 
-// New checks the options.
+// New checks the options, and has the hub learn of the status changes its Status
+// writer makes.
 func New(opts Options) (*Hub, error) {
-	if opts.Client == nil || opts.Decryptor == nil {
-		return nil, errors.New("hub: a client and a decryptor are required")
+	if opts.Client == nil || opts.Decryptor == nil || opts.Tunnel == nil || opts.Status == nil {
+		return nil, errors.New("hub: a client, a decryptor, a tunnel and a status writer are required")
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
@@ -96,58 +115,22 @@ func New(opts Options) (*Hub, error) {
 	if opts.PlanWorkers <= 0 {
 		opts.PlanWorkers = 2
 	}
-	return &Hub{opts: opts, renderer: render.New(), planSlots: make(chan struct{}, opts.PlanWorkers),
-		desired: map[string]*protocol.DesiredState{}, keys: map[string]client.ObjectKey{}, sources: map[string]*Source{}}, nil
+	h := &Hub{opts: opts, renderer: render.New(), planSlots: make(chan struct{}, opts.PlanWorkers), sources: map[string]*Source{}}
+	opts.Status.OnChange(h.statusChanged)
+	return h, nil
 }
 
-// Attach gives the hub the tunnel it pushes desired states through. The tunnel's
-// Desired and OnStatus should be the hub's.
-func (h *Hub) Attach(t *tunnel.Server) { h.tunnel = t }
-
-// Desired is the tunnel's source of desired states.
-func (h *Hub) Desired(_ context.Context, wc *v1alpha1.WorkerCluster) (*protocol.DesiredState, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.desired[wc.Labels[v1alpha1.WorkerClusterLabel]], nil
-}
-
-// Resolve is the tunnel's way to the WorkerCluster of an identity the hub reconciled.
-func (h *Hub) Resolve(identity string) (client.ObjectKey, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	key, ok := h.keys[identity]
-	return key, ok
-}
-
-// OnStatus is the tunnel's hook: an agent's report changed a WorkerCluster's status.
-// The cluster is summed up and its commit status posted by the source's workers, so
-// that a slow forge never holds up the tunnel, and reports that arrive together (a
+// statusChanged learns that a WorkerCluster's status changed (an agent's report, most
+// often). The cluster's commit status is posted by its source's workers, so that a
+// slow forge never holds up the tunnel, and reports that arrive together (a
 // connection, an inventory, an apply) are posted as one.
-func (h *Hub) OnStatus(_ context.Context, key client.ObjectKey) {
+func (h *Hub) statusChanged(key client.ObjectKey) {
 	h.mu.Lock()
 	src := h.sources[key.Namespace]
 	h.mu.Unlock()
 	if src != nil {
 		src.queue.Add(key.Name)
 	}
-}
-
-func (h *Hub) setKey(identity string, key client.ObjectKey) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.keys[identity] = key
-}
-
-func (h *Hub) setDesired(identity string, ds *protocol.DesiredState) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if ds == nil {
-		// The cluster left the fleet: its agent is no longer known.
-		delete(h.desired, identity)
-		delete(h.keys, identity)
-		return
-	}
-	h.desired[identity] = ds
 }
 
 func mergeMaps(dst, src map[string]string) map[string]string {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 
-	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 )
@@ -60,20 +59,25 @@ func TestAHeadIsReadOnlyWhereItChanged(t *testing.T) {
 	tests := []struct {
 		name string
 		head fstest.MapFS
-		ch   gitsource.Changes
-		// within is where every read must fall; empty allows the whole head.
+		// ch is what the commit changed, in the paths the source names.
+		ch fleet.Change
+		// whole is set when the whole head is read again; otherwise every read must
+		// fall within these cluster directories.
+		whole  bool
 		within []string
 	}{
-		{name: "a cordon reads that cluster's directory alone", head: cordoned, ch: gitsource.Changes{Clusters: []string{changed}}, within: []string{dir}},
-		{name: "a new cluster reads its directory alone", head: added, ch: gitsource.Changes{Clusters: []string{fresh}}, within: []string{path.Join(fleet.ClustersDir, fresh)}},
-		{name: "a fleet-wide change reads the whole head", head: cordoned, ch: gitsource.Changes{All: true, Reason: "fleet.yaml changed"}},
+		{name: "a cordon reads that cluster's directory alone", head: cordoned, ch: fleet.Change{Paths: []string{dir}}, within: []string{dir}},
+		{name: "a new cluster reads its directory alone", head: added, ch: fleet.Change{Paths: []string{path.Join(fleet.ClustersDir, fresh)}},
+			within: []string{path.Join(fleet.ClustersDir, fresh)}},
+		{name: "a file the hub does not read reads nothing", head: old, ch: fleet.Change{Paths: []string{"README.md"}}},
+		{name: "a fleet-wide change reads the whole head", head: cordoned, ch: fleet.Change{Paths: []string{fleet.FleetFile}}, whole: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := &Source{hub: &Hub{}}
-			s.setHead(plumbing.NewHash("0123456789abcdef0123456789abcdef01234567"), s.loadHead(old, gitsource.Changes{All: true, Reason: "first read"}), "")
+			s.setHead(plumbing.NewHash("0123456789abcdef0123456789abcdef01234567"), s.loadHead(old, fleet.Affected{All: true, Reason: "first read"}), "")
 			counter := &readCounter{fsys: tt.head, paths: map[string]int{}}
-			got := s.loadHead(counter, tt.ch)
+			got := s.loadHead(counter, tt.ch.Affected())
 
 			var outside []string
 			dirs := map[string]bool{}
@@ -81,18 +85,18 @@ func TestAHeadIsReadOnlyWhereItChanged(t *testing.T) {
 				if strings.HasPrefix(p, fleet.ClustersDir+"/") {
 					dirs[strings.SplitN(p, "/", 3)[1]] = true
 				}
-				if len(tt.within) > 0 && !inside(p, tt.within) {
+				if !tt.whole && !inside(p, tt.within) {
 					outside = append(outside, p)
 				}
 			}
 			if len(outside) > 0 {
 				t.Errorf("%d paths read outside %v, e.g. %q", len(outside), tt.within, outside[0])
 			}
-			if len(tt.within) == 0 && len(dirs) < clusters {
+			if tt.whole && len(dirs) < clusters {
 				t.Errorf("a fleet-wide change read %d cluster directories of %d", len(dirs), clusters)
 			}
-			if len(tt.within) > 0 && len(dirs) != 1 {
-				t.Errorf("%d cluster directories read, want 1", len(dirs))
+			if !tt.whole && len(dirs) != len(tt.within) {
+				t.Errorf("%d cluster directories read, want %d", len(dirs), len(tt.within))
 			}
 
 			whole := fleet.Load(tt.head)

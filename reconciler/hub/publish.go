@@ -6,11 +6,11 @@ import (
 	"slices"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 )
 
 // refresh sums a WorkerCluster's conditions up, finishes a decommission the agent
@@ -22,17 +22,8 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 	// last refresh reads the newest state.
 	unlock := s.refreshLocks.lock(name)
 	defer unlock()
-	var wc v1alpha1.WorkerCluster
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := s.hub.opts.Client.Get(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: name}, &wc); err != nil {
-			return err
-		}
-		patch := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		if !summarize(&wc) {
-			return nil
-		}
-		return s.hub.opts.Client.Status().Patch(ctx, &wc, patch)
-	})
+	// Deriving again catches a spec the hub moved on since the agent's last report.
+	wc, err := s.hub.opts.Status.Record(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: name})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -40,12 +31,9 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 		return err
 	}
 	if wc.Annotations[v1alpha1.DecommissionAnnotation] != "" {
-		return s.maybeFinishDecommission(ctx, &wc)
+		return s.maybeFinishDecommission(ctx, wc)
 	}
-	st := commitStatus(s.context(name), &wc)
-	if why := wc.Annotations[v1alpha1.InvalidAnnotation]; why != "" {
-		st.State, st.Description = commitstatus.Failure, why
-	}
+	st := conditions.CommitStatus(s.context(name), wc)
 	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], st)
 	s.mu.Lock()
 	s.states[name] = st.State

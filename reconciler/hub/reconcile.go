@@ -17,8 +17,8 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
-	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
@@ -72,7 +72,7 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 	// back with the same enrollment file) is refused by the tunnel, which tells the
 	// caller nothing: the commit says what to do.
 	if wc == nil || wc.Status.Enrollment == nil || wc.Status.Enrollment.TokenHash != tok.String() {
-		redeemed, err := tunnel.Redeemed(ctx, s.hub.opts.Client, client.ObjectKey{Namespace: s.opts.Namespace, Name: c.Name}, tok)
+		redeemed, err := s.hub.opts.Tunnel.Redeemed(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: c.Name}, tok)
 		if err != nil {
 			return err
 		}
@@ -122,16 +122,10 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		}
 		ds.Objects = append(ds.Objects, raw)
 	}
-	s.hub.setDesired(identity, ds)
-	s.hub.setKey(identity, key)
-	if err := s.patchStatus(ctx, c.Name, func(wc *v1alpha1.WorkerCluster) { wc.Status.DesiredHash = res.Hash }); err != nil {
+	if _, err := s.hub.opts.Status.Record(ctx, key, conditions.Desired{Hash: res.Hash}); err != nil {
 		return err
 	}
-	if s.hub.tunnel != nil {
-		if _, err := s.hub.tunnel.Push(ctx, identity); err != nil {
-			s.log.Warn("pushing the desired state", "cluster", c.Name, "error", err)
-		}
-	}
+	s.hub.opts.Tunnel.Push(key, identity, ds)
 	return s.refresh(ctx, c.Name)
 }
 
@@ -142,16 +136,4 @@ func (s *Source) annotate(ctx context.Context, wc *v1alpha1.WorkerCluster, ann m
 		return fmt.Errorf("annotating WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
 	return s.refresh(ctx, wc.Name)
-}
-
-func (s *Source) patchStatus(ctx context.Context, name string, mutate func(*v1alpha1.WorkerCluster)) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var wc v1alpha1.WorkerCluster
-		if err := s.hub.opts.Client.Get(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: name}, &wc); err != nil {
-			return err
-		}
-		patch := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		mutate(&wc)
-		return s.hub.opts.Client.Status().Patch(ctx, &wc, patch)
-	})
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
-	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 )
 
 func (s *Source) syncBranch(ctx context.Context) error {
@@ -50,7 +50,9 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	}
 	head := snap.Commit.String()
 	log := s.log.With("commit", head)
-	f := s.loadHead(snap.FS(), ch)
+	// gitsource names the changed paths; the fleet model says which clusters they touch.
+	aff := fleet.Change{All: ch.All, Reason: ch.Reason, Paths: ch.Paths, FirstChange: ch.FirstChange}.Affected()
+	f := s.loadHead(snap.FS(), aff)
 	s.mu.Lock()
 	s.prefix = f.StatusContextPrefix()
 	s.mu.Unlock()
@@ -77,8 +79,8 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	names := ch.Clusters
-	if ch.All {
+	names := aff.Clusters
+	if aff.All {
 		names = f.ClusterNames()
 		for name := range existing {
 			if f.Clusters[name] == nil {
@@ -93,7 +95,7 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	names = append(names, waiting...)
 	slices.Sort(names)
 	names = slices.Compact(names)
-	log.Info("reconciling a head", "clusters", len(names), "all", ch.All, "reason", ch.Reason, "retrying", len(retrying))
+	log.Info("reconciling a head", "clusters", len(names), "all", aff.All, "reason", aff.Reason, "retrying", len(retrying))
 	// Clusters are independent: their API writes overlap, and a fleet-wide change is
 	// not the sum of each cluster's round trips.
 	var g errgroup.Group
@@ -189,9 +191,6 @@ func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.F
 // markStale records as disconnected the clusters whose Connected condition a previous
 // hub left True and whose agent did not come back to this one.
 func (s *Source) markStale(ctx context.Context) {
-	if s.hub.tunnel == nil {
-		return
-	}
 	existing, err := s.workerClusters(ctx)
 	if err != nil {
 		s.log.Error("checking for agents that did not come back", "error", err)
@@ -199,13 +198,10 @@ func (s *Source) markStale(ctx context.Context) {
 	}
 	for name, wc := range existing {
 		c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
-		if c == nil || c.Status != metav1.ConditionTrue || s.hub.tunnel.Connected(wc.Labels[v1alpha1.WorkerClusterLabel]) {
+		if c == nil || c.Status != metav1.ConditionTrue || s.hub.opts.Tunnel.Connected(wc.Labels[v1alpha1.WorkerClusterLabel]) {
 			continue
 		}
-		err := s.patchStatus(ctx, name, func(wc *v1alpha1.WorkerCluster) {
-			meta.SetStatusCondition(&wc.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionConnected, Status: metav1.ConditionFalse,
-				Reason: tunnel.ReasonTunnelDown, Message: "the agent has not connected since the hub restarted", ObservedGeneration: wc.Generation})
-		})
+		_, err := s.hub.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), conditions.Disconnected{Cause: conditions.NotBack})
 		if err == nil {
 			err = s.refresh(ctx, name)
 		}
@@ -220,14 +216,14 @@ func (s *Source) markStale(ctx context.Context) {
 // size; the whole head when a fleet-wide input changed, at the first read, or when the
 // last head could not be read whole. The head's budgets still hold: a re-read cluster is
 // charged against what the rest of the head uses.
-func (s *Source) loadHead(fsys fs.FS, ch gitsource.Changes) *fleet.Fleet {
+func (s *Source) loadHead(fsys fs.FS, aff fleet.Affected) *fleet.Fleet {
 	s.mu.Lock()
 	prev := s.fleet
 	s.mu.Unlock()
-	if ch.All || prev == nil || prev.OverBudget() || prev.Incomplete() {
+	if aff.All || prev == nil || prev.OverBudget() || prev.Incomplete() {
 		return fleet.LoadWith(fsys, fleet.LoadOptions{Budget: s.hub.opts.Budget})
 	}
-	for _, name := range ch.Clusters {
+	for _, name := range aff.Clusters {
 		prev.LoadCluster(fsys, name)
 	}
 	return prev

@@ -276,14 +276,16 @@ func Compute(ctx context.Context, pr *gitsource.PullRequest, r *render.Renderer,
 	if opts.MaxRendered <= 0 {
 		opts.MaxRendered = DefaultMaxRendered
 	}
+	// gitsource names the changed paths; the fleet model says which clusters they touch.
+	aff := fleet.Change{All: pr.Changes.All, Reason: pr.Changes.Reason, Paths: pr.Changes.Paths, FirstChange: pr.Changes.FirstChange}.Affected()
 	p := &Plan{
 		PullRequest: pr.Number,
 		Ref:         pr.Ref,
 		Commit:      pr.Head.String(),
 		Base:        pr.Base.String(),
 		BaseFound:   pr.BaseFound,
-		AllClusters: pr.Changes.All,
-		Reason:      pr.Changes.Reason,
+		AllClusters: aff.All,
+		Reason:      aff.Reason,
 		MaxRendered: opts.MaxRendered,
 	}
 	load := fleet.LoadOptions{Budget: opts.Budget}
@@ -300,8 +302,8 @@ func Compute(ctx context.Context, pr *gitsource.PullRequest, r *render.Renderer,
 		p.FleetErrors = slices.Compact(p.FleetErrors)
 	}
 
-	names := pr.Changes.Clusters
-	if pr.Changes.All {
+	names := aff.Clusters
+	if aff.All {
 		names = append(base.ClusterNames(), head.ClusterNames()...)
 	}
 	names = slices.Compact(slices.Sorted(slices.Values(names)))

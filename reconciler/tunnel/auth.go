@@ -9,13 +9,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
@@ -152,20 +152,20 @@ func IndexIdentities(ctx context.Context, indexer client.FieldIndexer) error {
 
 // lookup finds the one WorkerCluster with the identity, in whatever tenant namespace.
 func (s *Server) lookup(ctx context.Context, identity, fp string) (*v1alpha1.WorkerCluster, error) {
-	if s.opts.Resolve != nil {
-		if key, ok := s.opts.Resolve(identity); ok {
-			wc := new(v1alpha1.WorkerCluster)
-			err := s.opts.Reader.Get(ctx, key, wc)
-			switch {
-			case apierrors.IsNotFound(err):
-				return nil, refuse("no WorkerCluster has this identity", fp)
-			case err != nil:
-				return nil, fmt.Errorf("reading WorkerCluster %s of identity %s: %w", key, identity, err)
-			case wc.Labels[v1alpha1.WorkerClusterLabel] != identity:
-				return nil, refuse(fmt.Sprintf("WorkerCluster %s no longer has this identity", key), fp)
-			}
-			return wc, nil
+	// The hub pushed this identity's state: after a hub restart thousands of agents
+	// redial at once, and reading one object each is much less than listing.
+	if key, ok := s.known(identity); ok {
+		wc := new(v1alpha1.WorkerCluster)
+		err := s.opts.Reader.Get(ctx, key, wc)
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil, refuse("no WorkerCluster has this identity", fp)
+		case err != nil:
+			return nil, fmt.Errorf("reading WorkerCluster %s of identity %s: %w", key, identity, err)
+		case wc.Labels[v1alpha1.WorkerClusterLabel] != identity:
+			return nil, refuse(fmt.Sprintf("WorkerCluster %s no longer has this identity", key), fp)
 		}
+		return wc, nil
 	}
 	var list v1alpha1.WorkerClusterList
 	var match client.ListOption = client.MatchingLabels{v1alpha1.WorkerClusterLabel: identity}
@@ -242,28 +242,18 @@ func (s *Server) redeemOnce(ctx context.Context, wc *v1alpha1.WorkerCluster, p p
 	if err != nil {
 		return nil, err
 	}
-	now := metav1.NewTime(s.opts.Now())
-	before := wc.DeepCopy()
-	patch := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	wc.Status.Enrollment = &v1alpha1.Enrollment{
-		TokenHash:             wc.Spec.EnrollmentTokenHash,
-		RedeemedAt:            now,
-		CredentialFingerprint: cred.Hash().Fingerprint(),
-		CredentialIssuedAt:    &now,
+	before := wc.Status.Enrollment.DeepCopy()
+	err = s.opts.Status.Claim(ctx, wc, conditions.Redeemed{TokenHash: wc.Spec.EnrollmentTokenHash, At: s.opts.Now(), Credential: cred.Hash().Fingerprint()})
+	if apierrors.IsConflict(err) {
+		return nil, err
 	}
-	if err := s.opts.Client.Status().Patch(ctx, wc, patch); err != nil {
-		if apierrors.IsConflict(err) {
-			*wc = *before
-			return nil, err
-		}
+	if err != nil {
 		return nil, fmt.Errorf("recording the redemption on WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
 	if err := s.writeCredential(ctx, wc, credentialHashes{current: cred.Hash(), redemptionKey: p.keyHash}); err != nil {
 		// Without a stored credential hash the agent could never connect again: give the
 		// token back so that its next attempt can redeem it.
-		undo := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		wc.Status.Enrollment = before.Status.Enrollment
-		if uerr := s.opts.Client.Status().Patch(ctx, wc, undo); uerr != nil {
+		if uerr := s.opts.Status.Claim(ctx, wc, conditions.RedemptionUndone{Previous: before}); uerr != nil {
 			s.opts.Log.Error("undoing a redemption whose credential could not be stored", "identity", p.identity, "fingerprint", p.fp, "error", uerr)
 		}
 		return nil, err
@@ -302,16 +292,11 @@ func (s *Server) redeemAgain(ctx context.Context, wc *v1alpha1.WorkerCluster, p 
 	if err != nil {
 		return nil, err
 	}
-	now := metav1.NewTime(s.opts.Now())
-	before := wc.DeepCopy()
-	patch := client.MergeFromWithOptions(wc.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	wc.Status.Enrollment.CredentialFingerprint = cred.Hash().Fingerprint()
-	wc.Status.Enrollment.CredentialIssuedAt = &now
-	if err := s.opts.Client.Status().Patch(ctx, wc, patch); err != nil {
-		if apierrors.IsConflict(err) {
-			*wc = *before
-			return nil, err
-		}
+	err = s.opts.Status.Claim(ctx, wc, conditions.CredentialIssued{Fingerprint: cred.Hash().Fingerprint(), At: s.opts.Now()})
+	if apierrors.IsConflict(err) {
+		return nil, err
+	}
+	if err != nil {
 		return nil, fmt.Errorf("recording the repeated redemption on WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
 	if err := s.writeCredential(ctx, wc, credentialHashes{current: cred.Hash(), redemptionKey: p.keyHash}); err != nil {

@@ -33,7 +33,6 @@ import (
 	"github.com/flotilla-gitops/flotilla/secrets"
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
 	"github.com/flotilla-gitops/flotilla/test/poll"
-	"github.com/flotilla-gitops/flotilla/test/tunneltest"
 )
 
 // planes[0] is the hub cluster.
@@ -163,19 +162,18 @@ func (c *clock) advance(d time.Duration) {
 
 // hub is a tunnel server on a loopback address.
 type hub struct {
-	srv     *tunnel.Server
-	addr    string
-	log     *logBuffer
-	desired *tunneltest.Desired
-	client  client.Client
+	srv    *tunnel.Server
+	addr   string
+	log    *logBuffer
+	client client.Client
 }
 
 // startHub serves a tunnel whose client and reader are those of k, or the admin
 // client when k is nil.
 func startHub(t testing.TB, k *counted, mod func(*tunnel.Options)) *hub {
 	t.Helper()
-	h := &hub{log: &logBuffer{}, desired: &tunneltest.Desired{}, client: admin()}
-	opts := tunnel.Options{Client: admin(), Desired: h.desired, Liveness: fast, AllowInsecureLoopback: true,
+	h := &hub{log: &logBuffer{}, client: admin()}
+	opts := tunnel.Options{Client: admin(), Liveness: fast, AllowInsecureLoopback: true,
 		Log: slogTo(h.log)}
 	if k != nil {
 		opts.Client, opts.Reader, opts.IdentityIndexed, h.client = k.client, k.cache, true, k.client

@@ -250,7 +250,7 @@ func TestARedeemedTokenStaysRefusedAfterTheClusterIsRemovedAndAddedBack(t *testi
 	p := h.enroll(t, c)
 
 	// The hub's decommission: revoke, disconnect, delete.
-	if err := tunnel.Revoke(t.Context(), admin(), c.wc(t)); err != nil {
+	if err := h.srv.Revoke(t.Context(), c.wc(t)); err != nil {
 		t.Fatal(err)
 	}
 	h.srv.Disconnect(c.identity)

@@ -41,10 +41,20 @@ func RecordSecretName(workerCluster string) string { return workerCluster + "-re
 // Revoke ends the agent of wc for good: its credential Secret is deleted, and the
 // enrollment token it redeemed stays recorded beyond the WorkerCluster, so that adding
 // the cluster back with the same enrollment file does not make that token work again.
-// The hub calls it when a cluster leaves the fleet, before deleting the WorkerCluster;
-// a live tunnel of the identity is closed by [Server.Disconnect]. Errors name the
-// Secret concerned; the caller names the WorkerCluster.
-func Revoke(ctx context.Context, c client.Client, wc *v1alpha1.WorkerCluster) error {
+// A live tunnel of the identity is closed, and what the hub pushed for it forgotten.
+// The hub calls it when a cluster leaves the fleet, before deleting the WorkerCluster.
+// Errors name the Secret concerned; the caller names the WorkerCluster.
+func (s *Server) Revoke(ctx context.Context, wc *v1alpha1.WorkerCluster) error {
+	if err := revoke(ctx, s.opts.Client, wc); err != nil {
+		return err
+	}
+	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
+	s.Forget(identity)
+	s.Disconnect(identity)
+	return nil
+}
+
+func revoke(ctx context.Context, c client.Client, wc *v1alpha1.WorkerCluster) error {
 	// The status may have moved on from the caller's copy (a redemption meanwhile).
 	cur := new(v1alpha1.WorkerCluster)
 	switch err := c.Get(ctx, client.ObjectKeyFromObject(wc), cur); {
@@ -120,13 +130,18 @@ func recordedTokens(sec *corev1.Secret) []string {
 
 // redeemedBefore reports whether the record of wc's name holds token.
 func (s *Server) redeemedBefore(ctx context.Context, wc *v1alpha1.WorkerCluster, token secrets.Hash) (bool, error) {
-	return Redeemed(ctx, s.opts.Reader, client.ObjectKeyFromObject(wc), token)
+	return redeemed(ctx, s.opts.Reader, client.ObjectKeyFromObject(wc), token)
 }
 
 // Redeemed reports whether the record of redeemed tokens of the WorkerCluster named by
 // key holds token, which the tunnel will refuse: the hub says so on the commit before
-// an agent tries.
-func Redeemed(ctx context.Context, r client.Reader, key client.ObjectKey, token secrets.Hash) (bool, error) {
+// an agent tries. It reads the hub cluster, not the cache: a cluster added back must
+// not slip through in the moment before the cache learns of its record.
+func (s *Server) Redeemed(ctx context.Context, key client.ObjectKey, token secrets.Hash) (bool, error) {
+	return redeemed(ctx, s.opts.Client, key, token)
+}
+
+func redeemed(ctx context.Context, r client.Reader, key client.ObjectKey, token secrets.Hash) (bool, error) {
 	var sec corev1.Secret
 	err := r.Get(ctx, client.ObjectKey{Namespace: key.Namespace, Name: RecordSecretName(key.Name)}, &sec)
 	switch {

@@ -67,7 +67,7 @@ func TestAnAgentThatStopsReadingIsDisconnectedWithoutHoldingUpTheOthers(t *testi
 	stuck := newCluster(t, "stuck")
 	all := append([]*cluster{stuck}, good...)
 	for _, c := range all {
-		h.desired.Set(c.identity, bigState(1, 1<<10))
+		h.srv.Push(c.key(), c.identity, bigState(1, 1<<10))
 	}
 	appliers := map[string]*applier{}
 	for _, c := range good {
@@ -90,10 +90,9 @@ func TestAnAgentThatStopsReadingIsDisconnectedWithoutHoldingUpTheOthers(t *testi
 	go func() {
 		for gen := int64(2); gen <= last; gen++ {
 			for _, c := range all {
-				h.desired.Set(c.identity, bigState(gen, 512<<10))
 				// The stuck agent first: a Push that waited for it would hold up the rest.
-				if ok, err := h.srv.Push(t.Context(), c.identity); err != nil || (!ok && c != stuck) {
-					pushed <- fmt.Errorf("Push(%s) of generation %d = %v, %v", c.identity, gen, ok, err)
+				if ok := h.srv.Push(c.key(), c.identity, bigState(gen, 512<<10)); !ok && c != stuck {
+					pushed <- fmt.Errorf("Push(%s) of generation %d found no agent", c.identity, gen)
 					return
 				}
 			}
@@ -140,7 +139,7 @@ func TestAnAgentThatStopsReadingIsDisconnectedWithoutHoldingUpTheOthers(t *testi
 		if cond == nil {
 			return false, "no Connected condition"
 		}
-		return cond.Status == metav1.ConditionFalse && cond.Reason == tunnel.ReasonSendTimeout && !h.srv.Connected(stuck.identity),
+		return cond.Status == metav1.ConditionFalse && cond.Reason == v1alpha1.ReasonSendTimeout && !h.srv.Connected(stuck.identity),
 			fmt.Sprintf("%s %s: %s", cond.Status, cond.Reason, cond.Message)
 	})
 	if msg := condition(stuck.wc(t), v1alpha1.ConditionConnected).Message; !strings.Contains(msg, "took nothing the hub sent for 5s") {

@@ -3,11 +3,14 @@
 // agent credential, and the control stream over which the hub sends each worker its
 // whole desired state and learns what the worker applied and which GPUs it has.
 //
-// What the hub learns lives in the hub cluster, in the WorkerCluster's status and in a
-// Secret holding the credential's hash; the tunnel keeps nothing else between
-// connections, so a restarted hub picks up where it left off. A second small Secret
-// per cluster (RecordSecretName) records the enrollment tokens it redeemed and
-// outlives the cluster's removal ([Revoke]), so that a spent token stays spent.
+// The hub's reconciler pushes each identity's desired state ([Server.Push]); the
+// tunnel keeps the last one, sends it on every connect, resync and push, and never
+// asks the hub for it. What the tunnel learns of an agent it hands as facts to the
+// owner of the WorkerCluster's status (reconciler/conditions); the rest lives in a
+// Secret holding the credential's hash. Nothing else is kept between connections, so
+// a restarted hub picks up where it left off. A second small Secret per cluster
+// (RecordSecretName) records the enrollment tokens it redeemed and outlives the
+// cluster's removal ([Server.Revoke]), so that a spent token stays spent.
 //
 // # Hostile peers
 //
@@ -45,16 +48,11 @@ import (
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 )
 
 // fieldManager owns what the tunnel writes on the hub cluster.
 const fieldManager = "flotilla-hub-tunnel"
-
-// DesiredStates gives the desired state of a worker, whole; the hub's reconciler
-// implements it from the rendered fleet.
-type DesiredStates interface {
-	Desired(ctx context.Context, wc *v1alpha1.WorkerCluster) (*protocol.DesiredState, error)
-}
 
 // Options configure a Server.
 type Options struct {
@@ -67,7 +65,9 @@ type Options struct {
 	Reader client.Reader
 	// IdentityIndexed says that Reader has the index of IndexIdentities.
 	IdentityIndexed bool
-	Desired         DesiredStates
+	// Status records what the tunnel learns of each agent on its WorkerCluster's
+	// status. Defaults to a conditions.Writer of Client.
+	Status *conditions.Writer
 	// Liveness of the tunnels; defaults to protocol.DefaultLiveness.
 	Liveness protocol.Liveness
 	// AllowInsecureLoopback accepts plain ws:// from loopback addresses, for a hub and
@@ -91,16 +91,8 @@ type Options struct {
 	// repeat it, with the same redemption key, should the answer have been lost.
 	// Default 5 minutes.
 	RedemptionRetryWindow time.Duration
-	// OnStatus, when set, is called after the tunnel changed a WorkerCluster's status, so
-	// the hub can sum the conditions up and report them.
-	OnStatus func(ctx context.Context, key client.ObjectKey)
-	// Resolve, when set, names the WorkerCluster of an identity the hub already knows,
-	// so that authenticating an agent reads one object instead of listing every
-	// WorkerCluster: after a hub restart thousands of agents redial at once. An
-	// identity it does not know is looked up by listing.
-	Resolve func(identity string) (client.ObjectKey, bool)
-	Log     *slog.Logger
-	Now     func() time.Time
+	Log                   *slog.Logger
+	Now                   func() time.Time
 }
 
 // Server serves agents' tunnels. Use it as the handler of protocol.Path.
@@ -112,13 +104,23 @@ type Server struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session // by identity
+	desired  map[string]pushed   // by identity
 	closing  atomic.Bool
+}
+
+// pushed is what the hub last pushed for an identity.
+type pushed struct {
+	key   client.ObjectKey
+	state *protocol.DesiredState
 }
 
 // New checks the options.
 func New(opts Options) (*Server, error) {
-	if opts.Client == nil || opts.Desired == nil {
-		return nil, errors.New("tunnel: a client and a source of desired states are required")
+	if opts.Client == nil {
+		return nil, errors.New("tunnel: a client is required")
+	}
+	if opts.Status == nil {
+		opts.Status = conditions.NewWriter(opts.Client)
 	}
 	if opts.Liveness == (protocol.Liveness{}) {
 		opts.Liveness = protocol.DefaultLiveness
@@ -162,6 +164,7 @@ func New(opts Options) (*Server, error) {
 			CheckOrigin: func(*http.Request) bool { return true },
 		},
 		sessions: map[string]*session{},
+		desired:  map[string]pushed{},
 	}, nil
 }
 
@@ -251,17 +254,43 @@ func authKind(r *http.Request) string {
 	return ""
 }
 
-// Push hands the current desired state to the identity's agent, when connected, and
-// reports whether one was. It does not wait for the network: the connection's writer
-// sends the state, and a newer one pushed before it went out replaces it. An agent
-// that does not take it within WriteTimeout is disconnected. The error is the
-// DesiredStates source's.
-func (s *Server) Push(ctx context.Context, identity string) (bool, error) {
-	sess := s.session(identity)
+// Push makes ds the desired state of the identity, whose WorkerCluster is key, and
+// hands it to the identity's agent when connected; it reports whether one was. It does
+// not wait for the network: the connection's writer sends the state, and a newer one
+// pushed before it went out replaces it. An agent that does not take it within
+// WriteTimeout is disconnected. An agent that connects later gets the state then, and
+// its authentication reads key rather than searching for its WorkerCluster.
+func (s *Server) Push(key client.ObjectKey, identity string, ds *protocol.DesiredState) bool {
+	s.mu.Lock()
+	s.desired[identity] = pushed{key: key, state: ds}
+	sess := s.sessions[identity]
+	s.mu.Unlock()
 	if sess == nil {
-		return false, nil
+		return false
 	}
-	return true, sess.queueDesired(ctx)
+	sess.queueDesired()
+	return true
+}
+
+// Forget drops what was pushed for the identity, whose cluster left the fleet.
+func (s *Server) Forget(identity string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.desired, identity)
+}
+
+func (s *Server) desiredState(identity string) *protocol.DesiredState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.desired[identity].state
+}
+
+// known is the WorkerCluster of an identity the hub pushed a desired state for.
+func (s *Server) known(identity string) (client.ObjectKey, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.desired[identity]
+	return p.key, ok
 }
 
 // Connected reports whether the identity's agent has a live tunnel.

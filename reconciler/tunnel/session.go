@@ -11,29 +11,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/secrets"
-)
-
-// Condition reasons the tunnel sets.
-const (
-	ReasonEnrolled   = "Enrolled"
-	ReasonTunnelUp   = "TunnelUp"
-	ReasonTunnelDown = "TunnelDown"
-	// ReasonSendTimeout: the hub disconnected an agent that took nothing it sent for
-	// Options.WriteTimeout.
-	ReasonSendTimeout     = "SendTimeout"
-	ReasonApplied         = "Applied"
-	ReasonAdoptionRefused = "AdoptionRefused"
-	ReasonApplyFailed     = "ApplyFailed"
-	ReasonOutdated        = "OutdatedGeneration"
 )
 
 // session is one agent's live tunnel.
@@ -106,14 +89,8 @@ func (s *session) run(ctx context.Context) {
 	if err := s.connected(ctx, hello); err != nil {
 		s.log.Error("recording the connection", "error", err)
 	}
-	if err := s.queueDesired(ctx); err != nil {
-		s.log.Error("sending the desired state", "error", err)
-	}
-	s.every(s.srv.opts.ResyncEvery, func() {
-		if err := s.queueDesired(ctx); err != nil {
-			s.log.Error("resending the desired state", "error", err)
-		}
-	})
+	s.queueDesired()
+	s.every(s.srv.opts.ResyncEvery, s.queueDesired)
 	s.every(s.srv.opts.RotateEvery, func() {
 		if err := s.rotate(ctx); err != nil {
 			s.log.Error("rotating the agent credential", "error", err)
@@ -217,38 +194,26 @@ func (s *session) stop(ctx context.Context) {
 	if !s.srv.unregister(s) || s.srv.closing.Load() {
 		return // a newer connection of the identity owns the status now, or the hub leaves
 	}
-	now := metav1.NewTime(s.srv.opts.Now())
-	reason := ReasonTunnelDown
-	msg := fmt.Sprintf("the agent disconnected at %s; the worker keeps its last applied state", now.UTC().Format(time.RFC3339))
+	cause := conditions.HungUp
 	switch {
 	case s.stuck.Load():
-		reason = ReasonSendTimeout
-		msg = fmt.Sprintf("the hub disconnected the agent at %s: it took nothing the hub sent for %s (a stuck agent, or a network that drops its traffic); the worker keeps its last applied state",
-			now.UTC().Format(time.RFC3339), s.srv.opts.WriteTimeout)
+		cause = conditions.Stuck
 	case s.tunnel.WriteTimedOut():
-		reason = ReasonSendTimeout
-		msg = fmt.Sprintf("the hub disconnected the agent at %s: its connection stopped taking data (a stuck agent, or a network that drops its traffic); the worker keeps its last applied state",
-			now.UTC().Format(time.RFC3339))
+		cause = conditions.Stalled
 	}
-	s.log.Info("agent disconnected", "reason", reason)
-	err := s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) {
-		wc.Status.LastSeen = &now
-		setCondition(wc, v1alpha1.ConditionConnected, metav1.ConditionFalse, reason, msg)
-	})
-	if err != nil {
+	s.log.Info("agent disconnected", "cause", cause)
+	if err := s.record(ctx, conditions.Disconnected{At: s.srv.opts.Now(), Cause: cause, WriteTimeout: s.srv.opts.WriteTimeout}); err != nil {
 		s.log.Error("recording the disconnection", "error", err)
 	}
 }
 
-// queueDesired hands the current desired state to the writer. It reads the hub's
-// DesiredStates and nothing on the network, so the caller never waits for the agent.
-func (s *session) queueDesired(ctx context.Context) error {
-	ds, err := s.srv.opts.Desired.Desired(ctx, s.wc)
-	if err != nil {
-		return fmt.Errorf("desired state of WorkerCluster %s/%s: %w", s.wc.Namespace, s.wc.Name, err)
-	}
+// queueDesired hands the identity's current desired state, as the hub last pushed it,
+// to the writer. It touches nothing on the network, so the caller never waits for the
+// agent.
+func (s *session) queueDesired() {
+	ds := s.srv.desiredState(s.identity)
 	if ds == nil {
-		return nil // nothing to send yet
+		return // nothing to send yet
 	}
 	s.mu.Lock()
 	s.next = ds
@@ -260,7 +225,6 @@ func (s *session) queueDesired(ctx context.Context) error {
 	if start {
 		go s.write()
 	}
-	return nil
 }
 
 // write sends the waiting desired state until none waits. It writes nothing to the hub
@@ -284,20 +248,11 @@ func (s *session) write() {
 }
 
 func (s *session) connected(ctx context.Context, hello *protocol.Hello) error {
-	now := metav1.NewTime(s.srv.opts.Now())
+	now := s.srv.opts.Now()
 	s.mu.Lock()
-	s.lastSeenSaved = now.Time
+	s.lastSeenSaved = now
 	s.mu.Unlock()
-	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) {
-		wc.Status.LastSeen = &now
-		wc.Status.Agent = &v1alpha1.AgentInfo{Version: hello.AgentVersion, KubernetesVersion: hello.KubernetesVersion}
-		if e := wc.Status.Enrollment; e != nil {
-			setCondition(wc, v1alpha1.ConditionRegistered, metav1.ConditionTrue, ReasonEnrolled,
-				fmt.Sprintf("enrolled at %s", e.RedeemedAt.UTC().Format(time.RFC3339)))
-		}
-		setCondition(wc, v1alpha1.ConditionConnected, metav1.ConditionTrue, ReasonTunnelUp,
-			fmt.Sprintf("connected at %s, agent %s on Kubernetes %s", now.UTC().Format(time.RFC3339), hello.AgentVersion, hello.KubernetesVersion))
-	})
+	return s.record(ctx, conditions.Connected{At: now, AgentVersion: hello.AgentVersion, KubernetesVersion: hello.KubernetesVersion})
 }
 
 // seen records status.lastSeen, at most once per LastSeenEvery.
@@ -312,8 +267,7 @@ func (s *session) seen(ctx context.Context) error {
 	if !due {
 		return nil
 	}
-	t := metav1.NewTime(now)
-	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) { wc.Status.LastSeen = &t })
+	return s.record(ctx, conditions.Seen{At: now})
 }
 
 func (s *session) applied(ctx context.Context, a *protocol.Applied) error {
@@ -321,58 +275,11 @@ func (s *session) applied(ctx context.Context, a *protocol.Applied) error {
 	sent := s.sent
 	s.mu.Unlock()
 	s.log.Info("the agent applied a desired state", "hash", a.Hash, "generation", a.Generation, "complete", a.Complete())
-	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) {
-		if sent != "" {
-			wc.Status.DesiredHash = sent
-		}
-		status, reason, msg := appliedCondition(wc.Status.DesiredHash, a)
-		if a.Complete() {
-			wc.Status.AppliedHash = a.Hash
-		}
-		setCondition(wc, v1alpha1.ConditionWorkerConfigured, status, reason, msg)
-		// The report is about the generation the agent was sent, which may be older
-		// than the WorkerCluster's by now; the hub judges it against the current one.
-		meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionWorkerConfigured).ObservedGeneration = a.Generation
-	})
-}
-
-// appliedCondition says what an applied report means for WorkerConfigured: True only
-// for the current desired state applied whole.
-func appliedCondition(desired string, a *protocol.Applied) (metav1.ConditionStatus, string, string) {
-	if a.Error != "" {
-		return metav1.ConditionFalse, ReasonApplyFailed, "the agent could not apply the desired state: " + a.Error
-	}
-	for _, r := range a.Results {
-		if r.Action == protocol.ActionRefused {
-			return metav1.ConditionFalse, ReasonAdoptionRefused, r.Message
-		}
-	}
-	for _, r := range a.Results {
-		if r.Action == protocol.ActionFailed {
-			return metav1.ConditionFalse, ReasonApplyFailed, fmt.Sprintf("%s %s: %s", r.Kind, objectName(r), r.Message)
-		}
-	}
-	if desired != "" && a.Hash != desired {
-		return metav1.ConditionFalse, ReasonOutdated, fmt.Sprintf("the agent applied %s; the desired state is %s", a.Hash, desired)
-	}
-	return metav1.ConditionTrue, ReasonApplied, fmt.Sprintf("applied %d objects at %s", len(a.Results), a.Hash)
-}
-
-func objectName(r protocol.ObjectResult) string {
-	if r.Namespace != "" {
-		return r.Namespace + "/" + r.Name
-	}
-	return r.Name
+	return s.record(ctx, conditions.Applied{Report: a, Sent: sent})
 }
 
 func (s *session) inventory(ctx context.Context, inv *protocol.Inventory) error {
-	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) {
-		wc.Status.GPUs = nil
-		for _, t := range inv.Totals {
-			wc.Status.GPUs = append(wc.Status.GPUs, v1alpha1.GPUTotal{Product: t.Product, Count: t.GPUs, Nodes: int32(t.Nodes)})
-		}
-		wc.Status.UnavailableGPUNodes = int32(inv.UnavailableNodes)
-	})
+	return s.record(ctx, conditions.Inventory{Report: inv})
 }
 
 // rotate issues a new credential. The old one stays valid until the agent confirms it
@@ -426,43 +333,12 @@ func (s *session) credentialStored(ctx context.Context, m *protocol.CredentialSt
 	s.mu.Lock()
 	s.pending = secrets.Token{}
 	s.mu.Unlock()
-	now := metav1.NewTime(s.srv.opts.Now())
 	s.log.Info("agent credential rotated", "credential", m.Fingerprint)
-	return s.patchStatus(ctx, func(wc *v1alpha1.WorkerCluster) {
-		if wc.Status.Enrollment != nil {
-			wc.Status.Enrollment.CredentialFingerprint = m.Fingerprint
-			wc.Status.Enrollment.CredentialIssuedAt = &now
-		}
-	})
+	return s.record(ctx, conditions.CredentialIssued{Fingerprint: m.Fingerprint, At: s.srv.opts.Now()})
 }
 
-// patchStatus changes the WorkerCluster's status from its current state, retrying on
-// conflicts with other writers (the hub's reconciler writes conditions too).
-func (s *session) patchStatus(ctx context.Context, mutate func(*v1alpha1.WorkerCluster)) error {
-	changed := false
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var wc v1alpha1.WorkerCluster
-		if err := s.srv.opts.Client.Get(ctx, client.ObjectKeyFromObject(s.wc), &wc); err != nil {
-			return err
-		}
-		before := wc.DeepCopy()
-		patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
-		mutate(&wc)
-		// Resync acknowledgements and inventories mostly repeat what is stored; with
-		// thousands of agents, writing them anyway would be a steady load for nothing.
-		if changed = !equality.Semantic.DeepEqual(before.Status, wc.Status); !changed {
-			return nil
-		}
-		return s.srv.opts.Client.Status().Patch(ctx, &wc, patch)
-	})
-	if err == nil && changed && s.srv.opts.OnStatus != nil {
-		s.srv.opts.OnStatus(ctx, client.ObjectKeyFromObject(s.wc))
-	}
+// record hands facts about the agent to the owner of the WorkerCluster's status.
+func (s *session) record(ctx context.Context, facts ...conditions.Fact) error {
+	_, err := s.srv.opts.Status.Record(ctx, client.ObjectKeyFromObject(s.wc), facts...)
 	return err
-}
-
-func setCondition(wc *v1alpha1.WorkerCluster, typ string, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&wc.Status.Conditions, metav1.Condition{
-		Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: wc.Generation,
-	})
 }

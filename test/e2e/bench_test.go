@@ -87,8 +87,15 @@ func BenchmarkIdleAgents(b *testing.B) {
 	}
 
 	state, _ := rendered(b, 1, nil)
-	all := &allDesired{state: state}
-	h := startHubFor(b, all, func(id string) (client.ObjectKey, bool) { return client.ObjectKey{Namespace: ns, Name: id}, true })
+	h := startHubFor(b)
+	// As the hub's reconciler does on its first sync, before the agents redial.
+	pushAll := func(ds *protocol.DesiredState) {
+		for i := range n {
+			id := fmt.Sprintf("bench-%05d", i)
+			h.srv.Push(client.ObjectKey{Namespace: ns, Name: id}, id, ds)
+		}
+	}
+	pushAll(state)
 
 	runtime.GC()
 	var before runtime.MemStats
@@ -145,18 +152,7 @@ func BenchmarkIdleAgents(b *testing.B) {
 		gen++
 		next, _ := rendered(b, gen, nil)
 		next.Hash = fmt.Sprintf("sha256:%064d", gen)
-		all.set(next)
-		var pg errgroup.Group
-		pg.SetLimit(64)
-		for i := range n {
-			pg.Go(func() error {
-				_, err := h.srv.Push(ctx, fmt.Sprintf("bench-%05d", i))
-				return err
-			})
-		}
-		if err := pg.Wait(); err != nil {
-			b.Fatal(err)
-		}
+		pushAll(next)
 		acked += n
 		waitAcks(acked)
 	}
@@ -166,28 +162,14 @@ func BenchmarkIdleAgents(b *testing.B) {
 	b.ReportMetric(connectAll.Seconds(), "s-connect-all")
 }
 
-// allDesired gives every identity the same desired state.
-type allDesired struct {
-	mu    sync.Mutex
-	state *protocol.DesiredState
-}
-
-func (a *allDesired) Desired(context.Context, *v1alpha1.WorkerCluster) (*protocol.DesiredState, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.state, nil
-}
-
-func (a *allDesired) set(s *protocol.DesiredState) { a.mu.Lock(); a.state = s; a.mu.Unlock() }
-
-func startHubFor(b *testing.B, d tunnel.DesiredStates, resolve func(string) (client.ObjectKey, bool)) *hubServer {
+func startHubFor(b *testing.B) *hubServer {
 	h := &hubServer{t: b, log: &logBuffer{}}
 	l, err := listenLoopback()
 	if err != nil {
 		b.Fatal(err)
 	}
 	h.addr = l.Addr().String()
-	h.opts = tunnel.Options{Client: hub(), Desired: d, Resolve: resolve, AllowInsecureLoopback: true, LastSeenEvery: time.Hour}
+	h.opts = tunnel.Options{Client: hub(), AllowInsecureLoopback: true, LastSeenEvery: time.Hour}
 	h.serve(l)
 	b.Cleanup(h.stop)
 	return h

@@ -33,7 +33,6 @@ import (
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 	"github.com/flotilla-gitops/flotilla/test/poll"
-	"github.com/flotilla-gitops/flotilla/test/tunneltest"
 )
 
 // planes[0] is the hub, planes[1] and planes[2] are workers.
@@ -109,7 +108,6 @@ type fleetCase struct {
 	identity string
 	token    secrets.Token
 	agentNS  string // the agent's namespace on the worker
-	desired  *tunneltest.Desired
 	state    *protocol.DesiredState
 	res      *render.Result
 }
@@ -124,7 +122,7 @@ func newCase(t testing.TB, name string) *fleetCase {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &fleetCase{t: t, name: name, ns: "tenant-" + name, identity: fleet.Identity(f.Spec.Spec.Tenant, fleetgen.ExampleCluster), token: tok, agentNS: "flotilla-" + name, desired: &tunneltest.Desired{}}
+	c := &fleetCase{t: t, name: name, ns: "tenant-" + name, identity: fleet.Identity(f.Spec.Spec.Tenant, fleetgen.ExampleCluster), token: tok, agentNS: "flotilla-" + name}
 	for _, ns := range []struct {
 		c    client.Client
 		name string
@@ -142,13 +140,18 @@ func newCase(t testing.TB, name string) *fleetCase {
 		t.Fatal(err)
 	}
 	c.state, c.res = rendered(t, 1, nil)
-	c.desired.Set(c.identity, c.state)
 	t.Cleanup(func() { c.cleanup() })
 	return c
 }
 
 // cleanup removes what the case put on the worker, which is shared by the tests: the
 // worker has no namespace controller, so cluster-scoped objects are deleted one by one.
+// push hands the case's current desired state to the hub's tunnel, as the hub's
+// reconciler does on a new head, and reports whether the agent was connected.
+func (c *fleetCase) push(h *hubServer) bool {
+	return h.srv.Push(client.ObjectKey{Namespace: c.ns, Name: fleetgen.ExampleCluster}, c.identity, c.state)
+}
+
 func (c *fleetCase) cleanup() {
 	ctx := context.Background()
 	for _, gvk := range apply.PruneKinds() {
@@ -202,6 +205,8 @@ type hubServer struct {
 	log    *logBuffer
 	opts   tunnel.Options
 	closed chan struct{}
+	// c is the case whose desired state the hub pushes, when it serves one.
+	c *fleetCase
 }
 
 func startHub(t testing.TB, c *fleetCase, mod func(*tunnel.Options)) *hubServer {
@@ -210,8 +215,8 @@ func startHub(t testing.TB, c *fleetCase, mod func(*tunnel.Options)) *hubServer 
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &hubServer{t: t, addr: l.Addr().String(), log: &logBuffer{}}
-	h.opts = tunnel.Options{Client: hub(), Desired: c.desired, Liveness: fast, AllowInsecureLoopback: true, Log: h.log.logger()}
+	h := &hubServer{t: t, addr: l.Addr().String(), log: &logBuffer{}, c: c}
+	h.opts = tunnel.Options{Client: hub(), Liveness: fast, AllowInsecureLoopback: true, Log: h.log.logger()}
 	if mod != nil {
 		mod(&h.opts)
 	}
@@ -228,6 +233,10 @@ func (h *hubServer) serve(l net.Listener) {
 	mux := http.NewServeMux()
 	mux.Handle(protocol.Path, srv)
 	h.srv, h.http, h.closed = srv, &http.Server{Handler: mux}, make(chan struct{})
+	if h.c != nil {
+		// As a hub's first sync does, before its agents redial.
+		h.c.push(h)
+	}
 	go func() { _ = h.http.Serve(l); close(h.closed) }()
 }
 

@@ -71,8 +71,8 @@ func TestEnrollmentIsOneShot(t *testing.T) {
 	h := startHub(t, c, nil)
 	stop, agentLog := runAgent(t, c, h, true, nil)
 
-	wc := c.conditionIs(v1alpha1.ConditionRegistered, metav1.ConditionTrue, tunnel.ReasonEnrolled)
-	c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, tunnel.ReasonTunnelUp)
+	wc := c.conditionIs(v1alpha1.ConditionRegistered, metav1.ConditionTrue, v1alpha1.ReasonEnrolled)
+	c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, v1alpha1.ReasonTunnelUp)
 	c.configured()
 	if wc.Status.Enrollment == nil || wc.Status.Enrollment.TokenHash != c.token.Hash().String() {
 		t.Fatalf("enrollment recorded as %+v", wc.Status.Enrollment)
@@ -124,10 +124,10 @@ func TestEnrollmentIsOneShot(t *testing.T) {
 	})
 	t.Run("a restarted agent reconnects with its stored credential", func(t *testing.T) {
 		stop()
-		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionFalse, tunnel.ReasonTunnelDown)
+		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionFalse, v1alpha1.ReasonTunnelDown)
 		// No token this time: only the stored credential can get it in.
 		runAgent(t, c, h, false, nil)
-		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, tunnel.ReasonTunnelUp)
+		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, v1alpha1.ReasonTunnelUp)
 	})
 	for _, log := range []string{h.log.String(), agentLog.String()} {
 		notContains(t, "a log", log, c.token.Reveal())
@@ -209,9 +209,8 @@ func TestDesiredStateIsAppliedUpdatedAndPruned(t *testing.T) {
 	if dropped == nil {
 		t.Fatal("the template renders no LocalQueue to drop")
 	}
-	c.desired.Set(c.identity, c.state)
-	if ok, err := h.srv.Push(t.Context(), c.identity); err != nil || !ok {
-		t.Fatalf("Push = %v, %v", ok, err)
+	if !c.push(h) {
+		t.Fatal("Push found the agent not connected")
 	}
 	c.configured()
 	for _, o := range c.res.Objects {
@@ -258,7 +257,7 @@ func TestBrownfieldObjectIsRefusedUntilLabelled(t *testing.T) {
 	before := existing.DeepCopy()
 	h := startHub(t, c, nil)
 	runAgent(t, c, h, true, nil)
-	wc := c.conditionIs(v1alpha1.ConditionWorkerConfigured, metav1.ConditionFalse, tunnel.ReasonAdoptionRefused)
+	wc := c.conditionIs(v1alpha1.ConditionWorkerConfigured, metav1.ConditionFalse, v1alpha1.ReasonAdoptionRefused)
 	msg := condition(wc, v1alpha1.ConditionWorkerConfigured).Message
 	if !strings.Contains(msg, "refuse to adopt existing object not owned by this WorkerCluster") || !strings.Contains(msg, string(before.GetUID())) {
 		t.Fatalf("refusal says %q", msg)
@@ -277,8 +276,8 @@ func TestBrownfieldObjectIsRefusedUntilLabelled(t *testing.T) {
 	if err := worker().Update(t.Context(), live); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.srv.Push(t.Context(), c.identity); err != nil {
-		t.Fatal(err)
+	if !c.push(h) {
+		t.Fatal("Push found the agent not connected")
 	}
 	c.configured()
 	if err := worker().Get(t.Context(), client.ObjectKeyFromObject(cq), live); err != nil {
@@ -317,7 +316,8 @@ func TestFaultsConverge(t *testing.T) {
 	}
 	applied := versions()
 	// change gives the cluster a new desired state, its ClusterQueue queueing by
-	// strategy, without pushing it: the tunnel must deliver it by itself.
+	// strategy, and pushes it while no agent may be connected: the tunnel must deliver
+	// it when one is.
 	change := func(t *testing.T, generation int64, strategy string) {
 		c.state, c.res = rendered(t, generation, func(objs []*unstructured.Unstructured) []*unstructured.Unstructured {
 			for _, o := range objs {
@@ -327,7 +327,7 @@ func TestFaultsConverge(t *testing.T) {
 			}
 			return objs
 		})
-		c.desired.Set(c.identity, c.state)
+		c.push(h)
 	}
 	queueing := func(t *testing.T, want string) {
 		t.Helper()
@@ -497,7 +497,7 @@ func TestFaultsConverge(t *testing.T) {
 		})
 		link.freeze()
 		frozen := time.Now()
-		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionFalse, tunnel.ReasonTunnelDown)
+		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionFalse, v1alpha1.ReasonTunnelDown)
 		// Within the heartbeat timeout, with slack for a loaded machine: far below what
 		// TCP alone would take to notice a partition.
 		if took := time.Since(frozen); took > fast.Timeout+9*time.Second {
@@ -506,7 +506,7 @@ func TestFaultsConverge(t *testing.T) {
 			t.Logf("the silent peer was dropped %s after it went quiet (heartbeat timeout %s)", took.Round(time.Millisecond), fast.Timeout)
 		}
 		link.thaw()
-		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, tunnel.ReasonTunnelUp)
+		c.conditionIs(v1alpha1.ConditionConnected, metav1.ConditionTrue, v1alpha1.ReasonTunnelUp)
 		c.configured()
 		unchanged(t)
 	})

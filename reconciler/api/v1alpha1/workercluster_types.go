@@ -24,6 +24,41 @@ const (
 	ConditionReady = "Ready"
 )
 
+// Reasons of a WorkerCluster's conditions. The package that owns the status
+// (reconciler/conditions) sets them; anyone reading a status may compare against them.
+const (
+	// ReasonEnrolled (Registered True): an agent redeemed the enrollment token.
+	ReasonEnrolled = "Enrolled"
+	// ReasonTunnelUp (Connected True): the agent's tunnel is up.
+	ReasonTunnelUp = "TunnelUp"
+	// ReasonTunnelDown (Connected False): the agent hung up, or has not come back to a
+	// restarted hub.
+	ReasonTunnelDown = "TunnelDown"
+	// ReasonSendTimeout (Connected False): the hub disconnected an agent that took
+	// nothing it sent within the tunnel's write timeout.
+	ReasonSendTimeout = "SendTimeout"
+	// ReasonApplied (WorkerConfigured True): the agent applied the desired state whole.
+	ReasonApplied = "Applied"
+	// ReasonAdoptionRefused (WorkerConfigured False): an object the desired state names
+	// exists on the worker and is not the agent's to take over.
+	ReasonAdoptionRefused = "AdoptionRefused"
+	// ReasonApplyFailed (WorkerConfigured False): the agent could not apply an object.
+	ReasonApplyFailed = "ApplyFailed"
+	// ReasonOutdated (WorkerConfigured False): the agent last applied an older desired
+	// state or generation than the current one; it is on its way, not failing.
+	ReasonOutdated = "OutdatedGeneration"
+	// ReasonReady (Ready True): registered, connected and configured.
+	ReasonReady = "Ready"
+	// ReasonAwaitingEnrollment, ReasonAwaitingConnection and ReasonAwaitingApply (Ready
+	// False): the cluster has not reached that step yet.
+	ReasonAwaitingEnrollment = "AwaitingEnrollment"
+	ReasonAwaitingConnection = "AwaitingConnection"
+	ReasonAwaitingApply      = "AwaitingApply"
+	// ReasonMultiKueueNotConfigured (DispatchReady Unknown): the hub does not dispatch to
+	// the cluster yet.
+	ReasonMultiKueueNotConfigured = "MultiKueueNotConfigured"
+)
+
 // Annotations the hub keeps on a WorkerCluster.
 const (
 	// SourceCommitAnnotation is the newest commit that changed the cluster's inputs

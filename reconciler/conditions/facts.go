@@ -1,0 +1,222 @@
+package conditions
+
+import (
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+)
+
+// Fact is something learnt about a worker cluster. Each kind records itself on the
+// part of the status it concerns; the Writer derives the rest.
+type Fact interface {
+	record(*v1alpha1.WorkerCluster)
+}
+
+// Redeemed: an agent redeemed the cluster's enrollment token and was issued the
+// credential named by Credential (a fingerprint).
+type Redeemed struct {
+	TokenHash  string
+	At         time.Time
+	Credential string
+}
+
+func (f Redeemed) record(wc *v1alpha1.WorkerCluster) {
+	at := metav1.NewTime(f.At)
+	wc.Status.Enrollment = &v1alpha1.Enrollment{TokenHash: f.TokenHash, RedeemedAt: at, CredentialFingerprint: f.Credential, CredentialIssuedAt: &at}
+}
+
+// RedemptionUndone gives a token back: the credential of a redemption could not be
+// stored, so the agent could never have used it. Previous is the enrollment before.
+type RedemptionUndone struct {
+	Previous *v1alpha1.Enrollment
+}
+
+func (f RedemptionUndone) record(wc *v1alpha1.WorkerCluster) {
+	wc.Status.Enrollment = f.Previous.DeepCopy()
+}
+
+// CredentialIssued: the agent holds a new credential, after a rotation it confirmed or
+// a repeated redemption.
+type CredentialIssued struct {
+	Fingerprint string
+	At          time.Time
+}
+
+func (f CredentialIssued) record(wc *v1alpha1.WorkerCluster) {
+	if wc.Status.Enrollment == nil {
+		return // revoked meanwhile
+	}
+	at := metav1.NewTime(f.At)
+	wc.Status.Enrollment.CredentialFingerprint = f.Fingerprint
+	wc.Status.Enrollment.CredentialIssuedAt = &at
+}
+
+// Connected: the agent said hello on a new tunnel.
+type Connected struct {
+	At                              time.Time
+	AgentVersion, KubernetesVersion string
+}
+
+func (f Connected) record(wc *v1alpha1.WorkerCluster) {
+	at := metav1.NewTime(f.At)
+	wc.Status.LastSeen = &at
+	wc.Status.Agent = &v1alpha1.AgentInfo{Version: f.AgentVersion, KubernetesVersion: f.KubernetesVersion}
+	set(wc, v1alpha1.ConditionConnected, metav1.ConditionTrue, v1alpha1.ReasonTunnelUp,
+		fmt.Sprintf("connected at %s, agent %s on Kubernetes %s", stamp(f.At), f.AgentVersion, f.KubernetesVersion))
+}
+
+// Cause says why a tunnel ended.
+type Cause int
+
+const (
+	// HungUp: the agent or the network closed the tunnel.
+	HungUp Cause = iota
+	// Stuck: the hub closed the tunnel because the agent took nothing it sent for the
+	// tunnel's write timeout.
+	Stuck
+	// Stalled: the connection stopped taking data (the tunnel's liveness writes timed out).
+	Stalled
+	// NotBack: a restarted hub waited for the agent that a previous hub had connected,
+	// and it did not come back.
+	NotBack
+)
+
+func (c Cause) String() string {
+	switch c {
+	case HungUp:
+		return "HungUp"
+	case Stuck:
+		return "Stuck"
+	case Stalled:
+		return "Stalled"
+	case NotBack:
+		return "NotBack"
+	}
+	return fmt.Sprintf("Cause(%d)", int(c))
+}
+
+// Disconnected: the agent's tunnel ended, for Cause. WriteTimeout is the tunnel's, for
+// the message of a Stuck agent.
+type Disconnected struct {
+	At           time.Time
+	Cause        Cause
+	WriteTimeout time.Duration
+}
+
+func (f Disconnected) record(wc *v1alpha1.WorkerCluster) {
+	if f.Cause == NotBack {
+		// Only what a previous hub left connected: an agent that disconnected says
+		// when and why already.
+		if c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected); c != nil && c.Status == metav1.ConditionTrue {
+			set(wc, v1alpha1.ConditionConnected, metav1.ConditionFalse, v1alpha1.ReasonTunnelDown, "the agent has not connected since the hub restarted")
+		}
+		return
+	}
+	at := metav1.NewTime(f.At)
+	wc.Status.LastSeen = &at
+	reason := v1alpha1.ReasonTunnelDown
+	msg := fmt.Sprintf("the agent disconnected at %s; the worker keeps its last applied state", stamp(f.At))
+	switch f.Cause {
+	case Stuck:
+		reason = v1alpha1.ReasonSendTimeout
+		msg = fmt.Sprintf("the hub disconnected the agent at %s: it took nothing the hub sent for %s (a stuck agent, or a network that drops its traffic); the worker keeps its last applied state",
+			stamp(f.At), f.WriteTimeout)
+	case Stalled:
+		reason = v1alpha1.ReasonSendTimeout
+		msg = fmt.Sprintf("the hub disconnected the agent at %s: its connection stopped taking data (a stuck agent, or a network that drops its traffic); the worker keeps its last applied state",
+			stamp(f.At))
+	}
+	set(wc, v1alpha1.ConditionConnected, metav1.ConditionFalse, reason, msg)
+}
+
+// Seen: the agent was heard from (a heartbeat).
+type Seen struct {
+	At time.Time
+}
+
+func (f Seen) record(wc *v1alpha1.WorkerCluster) {
+	at := metav1.NewTime(f.At)
+	wc.Status.LastSeen = &at
+}
+
+// Desired: the hub rendered a new desired state for the cluster, with this hash.
+type Desired struct {
+	Hash string
+}
+
+func (f Desired) record(wc *v1alpha1.WorkerCluster) { wc.Status.DesiredHash = f.Hash }
+
+// Applied: the agent reported applying a desired state. Sent is the hash of the
+// desired state the tunnel sent it last, when it knows one.
+type Applied struct {
+	Report *protocol.Applied
+	Sent   string
+}
+
+func (f Applied) record(wc *v1alpha1.WorkerCluster) {
+	if f.Sent != "" {
+		wc.Status.DesiredHash = f.Sent
+	}
+	if f.Report.Complete() {
+		wc.Status.AppliedHash = f.Report.Hash
+	}
+	status, reason, msg := applied(wc.Status.DesiredHash, f.Report)
+	// The report is about the generation the agent was sent, which may be older than
+	// the WorkerCluster's by now: Derive judges it against the current one.
+	meta.SetStatusCondition(&wc.Status.Conditions, metav1.Condition{
+		Type: v1alpha1.ConditionWorkerConfigured, Status: status, Reason: reason, Message: msg, ObservedGeneration: f.Report.Generation,
+	})
+}
+
+// applied says what a report means for WorkerConfigured: True only for the current
+// desired state applied whole.
+func applied(desired string, a *protocol.Applied) (metav1.ConditionStatus, string, string) {
+	if a.Error != "" {
+		return metav1.ConditionFalse, v1alpha1.ReasonApplyFailed, "the agent could not apply the desired state: " + a.Error
+	}
+	for _, r := range a.Results {
+		if r.Action == protocol.ActionRefused {
+			return metav1.ConditionFalse, v1alpha1.ReasonAdoptionRefused, r.Message
+		}
+	}
+	for _, r := range a.Results {
+		if r.Action == protocol.ActionFailed {
+			return metav1.ConditionFalse, v1alpha1.ReasonApplyFailed, fmt.Sprintf("%s %s: %s", r.Kind, objectName(r), r.Message)
+		}
+	}
+	if desired != "" && a.Hash != desired {
+		return metav1.ConditionFalse, v1alpha1.ReasonOutdated, fmt.Sprintf("the agent applied %s; the desired state is %s", a.Hash, desired)
+	}
+	return metav1.ConditionTrue, v1alpha1.ReasonApplied, fmt.Sprintf("applied %d objects at %s", len(a.Results), a.Hash)
+}
+
+func objectName(r protocol.ObjectResult) string {
+	if r.Namespace != "" {
+		return r.Namespace + "/" + r.Name
+	}
+	return r.Name
+}
+
+// Inventory: the agent reported the GPUs of its cluster's Ready, schedulable nodes.
+type Inventory struct {
+	Report *protocol.Inventory
+}
+
+func (f Inventory) record(wc *v1alpha1.WorkerCluster) {
+	wc.Status.GPUs = nil
+	for _, t := range f.Report.Totals {
+		wc.Status.GPUs = append(wc.Status.GPUs, v1alpha1.GPUTotal{Product: t.Product, Count: t.GPUs, Nodes: int32(t.Nodes)})
+	}
+	wc.Status.UnavailableGPUNodes = int32(f.Report.UnavailableNodes)
+}
+
+func set(wc *v1alpha1.WorkerCluster, typ string, s metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&wc.Status.Conditions, metav1.Condition{Type: typ, Status: s, Reason: reason, Message: msg, ObservedGeneration: wc.Generation})
+}
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
