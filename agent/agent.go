@@ -7,6 +7,13 @@
 // metrics: the tunnel is outbound, so a worker behind NAT with only outbound HTTPS is
 // enough.
 //
+// With a hub that speaks protocol.ProxyVersion or later, and Options.Proxy set, the
+// agent also serves the streams the hub opens to reach the worker's API server for
+// Kueue's MultiKueue (protocol.StreamProxy): each stream is one HTTP/1.1 connection,
+// handed to an http.Server running Options.Proxy (see agent/proxy, which forwards only
+// what MultiKueue needs, under an identity of its own). Every other stream, and every
+// stream of a hub that negotiated an older version, is closed at once.
+//
 // While the hub is away the worker keeps its last applied state; the agent redials
 // with jittered exponential backoff and, on reconnecting, receives the whole desired
 // state again.
@@ -27,6 +34,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/hashicorp/yamux"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -35,6 +44,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	"github.com/flotilla-gitops/flotilla/agent/proxy"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
@@ -78,6 +88,12 @@ type Options struct {
 	Inventory InventorySource
 	// InventoryEvery is how often the GPU inventory is sent. Default 1 minute.
 	InventoryEvery time.Duration
+	// Proxy serves the hub's Kubernetes API requests (agent/proxy.Handler); nil refuses
+	// them, and the hub reports the worker as not able to take dispatched work.
+	Proxy http.Handler
+	// MaxProxyStreams caps the proxy streams open at once; more are closed as they
+	// arrive. Default 128.
+	MaxProxyStreams int
 	// ApplyTimeout bounds one apply of a desired state, so that an API server that
 	// stops answering cannot stall the agent behind a tunnel that looks healthy.
 	// Default 5 minutes.
@@ -103,6 +119,11 @@ type Agent struct {
 
 	connected atomic.Bool
 	everUp    atomic.Bool
+
+	// streamLog bounds the log lines of refused streams: a hub gone wrong cannot flood
+	// the worker's log.
+	streamLog     rate.Sometimes
+	streamRefused atomic.Int64
 }
 
 // New checks the options.
@@ -121,6 +142,9 @@ func New(opts Options) (*Agent, error) {
 	if opts.ApplyTimeout <= 0 {
 		opts.ApplyTimeout = 5 * time.Minute
 	}
+	if opts.MaxProxyStreams <= 0 {
+		opts.MaxProxyStreams = 128
+	}
 	if opts.InventoryEvery <= 0 {
 		opts.InventoryEvery = time.Minute
 	}
@@ -130,7 +154,7 @@ func New(opts Options) (*Agent, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Agent{opts: opts}, nil
+	return &Agent{opts: opts, streamLog: rate.Sometimes{First: 10, Interval: 10 * time.Second}}, nil
 }
 
 // Connected reports whether the tunnel is up, for the readiness probe.
@@ -174,14 +198,15 @@ func (a *Agent) connectOnce(ctx context.Context) error {
 		return err
 	}
 	var ws *websocket.Conn
+	var version int
 	if cred != "" {
-		ws, err = a.dial(ctx, protocol.AuthCredential, cred, "")
+		ws, version, err = a.dial(ctx, protocol.AuthCredential, cred, "")
 		if errors.Is(err, errRefused) && a.opts.EnrollmentToken != "" {
 			a.opts.Log.Warn("the hub refused the stored credential; trying the enrollment token")
 		} else if err != nil {
 			return err
 		} else {
-			return a.serve(ctx, ws)
+			return a.serve(ctx, ws, version)
 		}
 	}
 	if a.opts.EnrollmentToken == "" {
@@ -191,10 +216,10 @@ func (a *Agent) connectOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if ws, err = a.dial(ctx, protocol.AuthEnrollment, a.opts.EnrollmentToken, key); err != nil {
+	if ws, version, err = a.dial(ctx, protocol.AuthEnrollment, a.opts.EnrollmentToken, key); err != nil {
 		return err
 	}
-	return a.serve(ctx, ws)
+	return a.serve(ctx, ws, version)
 }
 
 // redemptionKey is the key of this series of enrollment attempts: the one in memory,
@@ -226,7 +251,8 @@ func (a *Agent) redemptionKey(ctx context.Context, stored, cred protocol.Secret)
 	return key, nil
 }
 
-func (a *Agent) dial(ctx context.Context, kind string, secret, redemptionKey protocol.Secret) (*websocket.Conn, error) {
+// dial opens the tunnel and returns it with the protocol version the hub negotiated.
+func (a *Agent) dial(ctx context.Context, kind string, secret, redemptionKey protocol.Secret) (*websocket.Conn, int, error) {
 	d := websocket.Dialer{
 		TLSClientConfig:  a.opts.TLS,
 		HandshakeTimeout: 15 * time.Second,
@@ -247,17 +273,24 @@ func (a *Agent) dial(ctx context.Context, kind string, secret, redemptionKey pro
 		if resp != nil {
 			defer resp.Body.Close()
 			if resp.StatusCode == http.StatusUnauthorized {
-				return nil, fmt.Errorf("%w (%s)", errRefused, kind)
+				return nil, 0, fmt.Errorf("%w (%s)", errRefused, kind)
 			}
-			return nil, fmt.Errorf("dialling the hub: HTTP %d", resp.StatusCode)
+			return nil, 0, fmt.Errorf("dialling the hub: HTTP %d", resp.StatusCode)
 		}
-		return nil, fmt.Errorf("dialling the hub: %w", err)
+		return nil, 0, fmt.Errorf("dialling the hub: %w", err)
+	}
+	// Before anything the hub issued is stored: a hub that answers a version this agent
+	// does not speak broke the negotiation, and nothing else it says is trusted.
+	version, err := negotiated(resp.Header)
+	if err != nil {
+		_ = ws.Close()
+		return nil, 0, err
 	}
 	if kind == protocol.AuthEnrollment {
 		issued := protocol.Secret(resp.Header.Get(protocol.HeaderCredential))
 		if issued == "" {
 			_ = ws.Close()
-			return nil, errors.New("the hub admitted the enrollment but issued no credential")
+			return nil, 0, errors.New("the hub admitted the enrollment but issued no credential")
 		}
 		a.mu.Lock()
 		a.credential = issued
@@ -270,10 +303,24 @@ func (a *Agent) dial(ctx context.Context, kind string, secret, redemptionKey pro
 		}
 		a.opts.Log.Info("enrolled: the enrollment token is redeemed and the credential stored", "credential", fingerprint(issued))
 	}
-	return ws, nil
+	return ws, version, nil
 }
 
-func (a *Agent) serve(ctx context.Context, ws *websocket.Conn) error {
+// negotiated is the version the hub answered the upgrade with: 1 from a hub that does
+// not say, which predates negotiation.
+func negotiated(h http.Header) (int, error) {
+	s := h.Get(protocol.HeaderProtocol)
+	if s == "" {
+		return 1, nil
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil || v < 1 || v > protocol.ProtocolVersion {
+		return 0, fmt.Errorf("the hub answered protocol version %.10q; this agent speaks 1 to %d", s, protocol.ProtocolVersion)
+	}
+	return v, nil
+}
+
+func (a *Agent) serve(ctx context.Context, ws *websocket.Conn, version int) error {
 	ws.SetReadLimit(int64(protocol.MaxMessageSize) + 1024)
 	t, err := protocol.NewTunnel(ws, true, a.opts.Liveness)
 	if err != nil {
@@ -285,19 +332,9 @@ func (a *Agent) serve(ctx context.Context, ws *websocket.Conn) error {
 	if err != nil {
 		return fmt.Errorf("opening the control stream: %w", err)
 	}
-	// This protocol version defines no stream that the hub opens: refuse each at once
-	// rather than let them queue in the multiplexer.
-	go func() {
-		for {
-			st, err := t.Accept()
-			if err != nil {
-				return
-			}
-			a.opts.Log.Warn("refused a stream the hub opened: this agent serves none")
-			_ = st.Close()
-		}
-	}()
+	a.serveStreams(t, version)
 	conn := protocol.NewConn(stream)
+	conn.SetVersion(version)
 	a.mu.Lock()
 	applied := a.applied
 	a.mu.Unlock()
@@ -307,7 +344,7 @@ func (a *Agent) serve(ctx context.Context, ws *websocket.Conn) error {
 	a.connected.Store(true)
 	a.everUp.Store(true)
 	defer a.connected.Store(false)
-	a.opts.Log.Info("connected to the hub")
+	a.opts.Log.Info("connected to the hub", "protocol", version, "proxy", a.opts.Proxy != nil && version >= protocol.ProxyVersion)
 
 	// Heartbeats and inventory run beside the receive loop; they stop with the tunnel.
 	sctx, cancel := context.WithCancel(ctx)
@@ -329,6 +366,68 @@ func (a *Agent) serve(ctx context.Context, ws *websocket.Conn) error {
 			return err
 		}
 	}
+}
+
+// streamKindTimeout bounds the wait for the first byte of a stream the hub opened.
+const streamKindTimeout = 10 * time.Second
+
+// serveStreams accepts the streams the hub opens until the tunnel closes. Proxy streams
+// go to an http.Server of this tunnel when the agent has a proxy and the hub negotiated
+// a version that has them; every other stream is closed at once rather than left to
+// queue in the multiplexer.
+func (a *Agent) serveStreams(t *protocol.Tunnel, version int) {
+	var ln *proxy.Listener
+	why := "dispatch is turned off in this agent"
+	switch {
+	case version < protocol.ProxyVersion:
+		why = "the hub negotiated a protocol version without such streams"
+	case a.opts.Proxy != nil:
+		ln = proxy.NewListener(a.opts.MaxProxyStreams)
+		srv := proxy.NewServer(a.opts.Proxy, a.opts.Log)
+		go func() { _ = srv.Serve(ln) }()
+		// The server and its connections end with the tunnel; Close, not Shutdown:
+		// their streams are gone with it.
+		go func() { <-t.CloseChan(); _ = srv.Close() }()
+	}
+	go func() {
+		for {
+			st, err := t.AcceptStream()
+			if err != nil {
+				return
+			}
+			if ln == nil {
+				a.refuseStream(st, why, "protocol", version)
+				continue
+			}
+			go a.routeStream(st, ln)
+		}
+	}()
+}
+
+// routeStream reads a stream's kind and hands a proxy stream to ln.
+func (a *Agent) routeStream(st *yamux.Stream, ln *proxy.Listener) {
+	_ = st.SetReadDeadline(time.Now().Add(streamKindTimeout))
+	kind, err := protocol.ReadStreamKind(st)
+	if err != nil {
+		a.refuseStream(st, "no stream kind", "error", err)
+		return
+	}
+	_ = st.SetReadDeadline(time.Time{})
+	if kind != protocol.StreamProxy {
+		a.refuseStream(st, "a stream of a kind this agent does not serve", "kind", kind.String())
+		return
+	}
+	if !ln.Offer(st) {
+		a.refuseStream(st, "too many proxy streams are open", "open", ln.Open())
+	}
+}
+
+func (a *Agent) refuseStream(st *yamux.Stream, why string, args ...any) {
+	_ = st.Close()
+	n := a.streamRefused.Add(1)
+	a.streamLog.Do(func() {
+		a.opts.Log.Warn("refused a stream the hub opened: "+why, append(args, "refused", n)...)
+	})
 }
 
 func (a *Agent) periodic(ctx context.Context, conn *protocol.Conn) {

@@ -43,6 +43,7 @@ type Conn struct {
 	w            io.Writer
 	max          atomic.Int64
 	writeTimeout atomic.Int64 // nanoseconds; 0 for none
+	version      atomic.Int64 // stamped on sent messages
 
 	wmu sync.Mutex
 }
@@ -51,8 +52,13 @@ type Conn struct {
 func NewConn(rw io.ReadWriter) *Conn {
 	c := &Conn{r: bufio.NewReaderSize(rw, 512), w: rw}
 	c.max.Store(MaxMessageSize)
+	c.version.Store(ProtocolVersion)
 	return c
 }
+
+// SetVersion sets the version stamped on sent messages: the negotiated one, so that a
+// peer speaking an older version reads them. Default ProtocolVersion.
+func (c *Conn) SetVersion(v int) { c.version.Store(int64(v)) }
 
 // SetMaxMessageSize changes the size cap of both directions: MaxHelloSize until the
 // peer is known, less for peers that agreed on less, and in tests.
@@ -73,7 +79,7 @@ func (c *Conn) Send(typ string, body any) error {
 	if err != nil {
 		return fmt.Errorf("protocol: encoding %s: %w", typ, err)
 	}
-	data, err := json.Marshal(Envelope{Version: ProtocolVersion, Type: typ, Body: raw})
+	data, err := json.Marshal(Envelope{Version: int(c.version.Load()), Type: typ, Body: raw})
 	if err != nil {
 		return fmt.Errorf("protocol: encoding %s: %w", typ, err)
 	}

@@ -17,7 +17,9 @@
 // credentials have one shape (flt1_, 64 characters, with a checksum) and the identity
 // is a label value: the hub refuses anything of another shape before it looks anything
 // up. A refused secret gets 401 with no detail. A protocol version the hub does not
-// speak gets 400 with a plain-text reason. The hub pings at the heartbeat interval
+// speak gets 400 with a plain-text reason. The hub answers the upgrade with
+// Flotilla-Protocol too: the version both speak from then on (Negotiate); a hub that
+// does not send it speaks version 1. The hub pings at the heartbeat interval
 // (WebSocket ping frames) and drops a peer that stays silent past the heartbeat
 // timeout; so does the agent.
 //
@@ -49,10 +51,14 @@
 // # Streams
 //
 // The WebSocket carries binary messages only; their payloads form one byte stream that
-// yamux multiplexes into streams, so later streams can carry Kubernetes API traffic from
-// the hub to the worker without a second connection. The agent is the yamux client. It
-// opens the first stream, the control stream, right after the upgrade; the hub may open
-// further streams, and the agent refuses kinds it does not know.
+// yamux multiplexes into streams. The agent is the yamux client. It opens the first
+// stream, the control stream, right after the upgrade. From version 2 on the hub opens
+// further streams, each starting with one byte, its StreamKind; the agent closes a
+// stream of a kind it does not serve, and an agent of version 1 closes them all.
+// A StreamProxy stream carries the HTTP/1.1 requests of the hub's Kubernetes API proxy,
+// one connection's worth, so that Kueue's MultiKueue on the hub reaches the worker's API
+// server without the worker's credentials leaving the worker; the agent forwards only
+// what MultiKueue needs, under an identity of its own.
 //
 // # Control stream
 //

@@ -8,9 +8,22 @@ import (
 	"time"
 )
 
-// ProtocolVersion is the version this package speaks. A peer announcing a newer one is
-// refused with a message saying so.
-const ProtocolVersion = 1
+// ProtocolVersion is the newest version this package speaks. The agent announces it in
+// the upgrade request; the hub answers with the version the two will speak (Negotiate),
+// and both stamp that on their control messages, so an older agent keeps working with a
+// newer hub. An agent announcing a version newer than the hub's is refused with a
+// message saying so: hubs are upgraded before their agents.
+//
+// Version 2 adds streams the hub opens to reach the worker's API server (StreamProxy).
+const ProtocolVersion = 2
+
+// ProxyVersion is the first version whose agents serve the hub's API proxy streams:
+// a worker whose agent speaks less cannot take work dispatched by the hub.
+const ProxyVersion = 2
+
+// Negotiate is the version a hub speaking ProtocolVersion and a peer announcing peer
+// agree on: the lower of the two.
+func Negotiate(peer int) int { return min(peer, ProtocolVersion) }
 
 // Secret is a credential in a message. It prints as "[redacted]" so that logging a
 // message never logs the secret in it; only its JSON form carries it.

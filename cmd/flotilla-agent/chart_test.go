@@ -9,10 +9,12 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-gitops/flotilla/agent/apply"
+	"github.com/flotilla-gitops/flotilla/agent/proxy"
 )
 
 // The chart cannot be rendered here (no helm), so these tests read its files as text. The
@@ -32,11 +34,18 @@ func readChart(t *testing.T, name string) string {
 
 var templateComment = regexp.MustCompile(`(?s)\{\{- /\*.*?\*/ -\}\}\n?`)
 
+// dispatchGuard is how templates/dispatch.yaml begins and ends: all of it is under
+// dispatch.enabled.
+var dispatchGuard = regexp.MustCompile(`(?s)^\{\{- if \.Values\.dispatch\.enabled \}\}\n(.*)\n\{\{- end \}\}\n$`)
+
 // renderRBAC renders an RBAC template of the chart for a release named flotilla-agent in
 // namespace with the chart's default values, and decodes its documents.
 func renderRBAC(t *testing.T, name, namespace string) []map[string]any {
 	t.Helper()
 	text := templateComment.ReplaceAllString(readChart(t, filepath.Join("templates", name)), "")
+	if m := dispatchGuard.FindStringSubmatch(text); m != nil {
+		text = m[1] // dispatch.enabled defaults to true
+	}
 	text = strings.NewReplacer(
 		`{{- include "flotilla-agent.labels" . | nindent 4 }}`, `app.kubernetes.io/name: flotilla-agent`,
 		`{{ include "flotilla-agent.fullname" . }}`, "flotilla-agent",
@@ -178,6 +187,12 @@ func TestChartValuesAreTheAgentsSettings(t *testing.T) {
 			t.Errorf("values.yaml %s has %v, want %v", section, got, keys)
 		}
 	}
+	if got := sortedKeys(v["dispatch"].(map[string]any)); !slices.Equal(got, valueKeys("dispatch")) {
+		t.Errorf("values.yaml dispatch has %v, want %v", got, valueKeys("dispatch"))
+	}
+	if v["dispatch"].(map[string]any)["enabled"] != true {
+		t.Errorf("values.yaml turns dispatch off by default")
+	}
 	// Every agent.* option is one the agent reads. agent.namespace is not among them:
 	// the chart runs the agent in the release's namespace.
 	agentKeys := sortedKeys(v["agent"].(map[string]any))
@@ -191,7 +206,7 @@ func TestChartValuesAreTheAgentsSettings(t *testing.T) {
 	// the handover filled in, is a values file the agent accepts.
 	hub := map[string]any{"url": "wss://hub.example.com"}
 	cluster := map[string]any{"tenant": "acme", "name": "gpu-a", "identity": "4-acme-gpu-a"}
-	rendered, err := yaml.Marshal(map[string]any{"hub": hub, "cluster": cluster, "agent": v["agent"]})
+	rendered, err := yaml.Marshal(map[string]any{"hub": hub, "cluster": cluster, "agent": v["agent"], "dispatch": v["dispatch"]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,8 +215,8 @@ func TestChartValuesAreTheAgentsSettings(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("the agent refuses the chart's rendered settings:\n%s\n%s", rendered, stderr)
 	}
-	if cfg.CredentialSecret != defaultCredentialSecret || cfg.Listen != defaultListen {
-		t.Errorf("the chart's defaults give credential Secret %q and listen %q", cfg.CredentialSecret, cfg.Listen)
+	if cfg.CredentialSecret != defaultCredentialSecret || cfg.Listen != defaultListen || !cfg.Dispatch {
+		t.Errorf("the chart's defaults give credential Secret %q, listen %q and dispatch %v", cfg.CredentialSecret, cfg.Listen, cfg.Dispatch)
 	}
 }
 
@@ -226,7 +241,7 @@ func TestChartSchemaRequiresTheHandover(t *testing.T) {
 	if got, want := sortedKeys(schema.Properties), sortedKeys(v); !slices.Equal(got, want) {
 		t.Errorf("values.schema.json describes %v; values.yaml has %v", got, want)
 	}
-	for _, section := range []string{"hub", "cluster", "enrollment", "agent"} {
+	for _, section := range []string{"hub", "cluster", "enrollment", "agent", "dispatch"} {
 		p := schema.Properties[section]
 		if p.AdditionalProperties == nil || *p.AdditionalProperties {
 			t.Errorf("values.schema.json lets %s take unknown settings, which the agent would refuse", section)
@@ -258,11 +273,66 @@ func TestChartDeploymentIsLockedDown(t *testing.T) {
 			t.Errorf("templates/deployment.yaml lacks %q", want)
 		}
 	}
-	if c := readChart(t, "templates/configmap.yaml"); strings.Contains(c, ".Values.enrollment") || !strings.Contains(c, `dict "hub" .Values.hub "cluster" .Values.cluster "agent" .Values.agent`) {
-		t.Errorf("templates/configmap.yaml must render hub, cluster and agent, and never the enrollment token:\n%s", c)
+	if c := readChart(t, "templates/configmap.yaml"); strings.Contains(c, ".Values.enrollment") || !strings.Contains(c, `dict "hub" .Values.hub "cluster" .Values.cluster "agent" .Values.agent "dispatch" .Values.dispatch`) {
+		t.Errorf("templates/configmap.yaml must render hub, cluster, agent and dispatch, and never the enrollment token:\n%s", c)
 	}
 	if s := readChart(t, "templates/secret.yaml"); !strings.Contains(s, "token: {{ .Values.enrollment.token | b64enc | quote }}") {
 		t.Errorf("templates/secret.yaml does not hold the token under key token:\n%s", s)
+	}
+}
+
+// dispatchObjects are the objects of templates/dispatch.yaml, typed.
+type dispatchObjects struct {
+	account            corev1.ServiceAccount
+	role               rbacv1.ClusterRole
+	binding            rbacv1.ClusterRoleBinding
+	impersonate        rbacv1.Role
+	impersonateBinding rbacv1.RoleBinding
+}
+
+func renderDispatch(t *testing.T, namespace string) dispatchObjects {
+	t.Helper()
+	text := templateComment.ReplaceAllString(readChart(t, "templates/dispatch.yaml"), "")
+	if !dispatchGuard.MatchString(text) {
+		t.Fatalf("templates/dispatch.yaml is not all under dispatch.enabled:\n%s", text)
+	}
+	docs := renderRBAC(t, "dispatch.yaml", namespace)
+	if len(docs) != 5 {
+		t.Fatalf("dispatch.yaml holds %d objects, want a ServiceAccount, a ClusterRole, a Role and their bindings", len(docs))
+	}
+	var o dispatchObjects
+	decodeInto(t, docs[0], &o.account)
+	decodeInto(t, docs[1], &o.role)
+	decodeInto(t, docs[2], &o.binding)
+	decodeInto(t, docs[3], &o.impersonate)
+	decodeInto(t, docs[4], &o.impersonateBinding)
+	return o
+}
+
+// The proxy's allowlist is the one source of the dispatch identity's rules: the chart
+// must grant exactly those, so that neither refuses what the other lets through.
+func TestChartDispatchRoleIsExactlyTheProxysAllowlist(t *testing.T) {
+	o := renderDispatch(t, "flotilla-system")
+	want := proxy.PolicyRules(proxy.Allowlist(proxy.DefaultIntegrations()))
+	if got, want := grants(o.role.Rules), grants(want); !slices.Equal(got, want) {
+		t.Errorf("the chart's dispatch ClusterRole grants\n%v\nthe proxy's allowlist is\n%v", got, want)
+	}
+	if o.account.Name != proxy.DefaultServiceAccount || o.account.Namespace != "flotilla-system" ||
+		o.account.AutomountServiceAccountToken == nil || *o.account.AutomountServiceAccountToken {
+		t.Errorf("the dispatch ServiceAccount is %s/%s, automount %v", o.account.Namespace, o.account.Name, o.account.AutomountServiceAccountToken)
+	}
+	if o.binding.RoleRef.Name != o.role.Name || o.binding.RoleRef.Kind != "ClusterRole" ||
+		!slices.Equal(o.binding.Subjects, []rbacv1.Subject{{Kind: "ServiceAccount", Name: proxy.DefaultServiceAccount, Namespace: "flotilla-system"}}) {
+		t.Errorf("the dispatch ClusterRoleBinding binds %+v to %+v", o.binding.RoleRef, o.binding.Subjects)
+	}
+	// The agent may impersonate that one account and nothing else.
+	if got, want := grants(o.impersonate.Rules), []grant{{"", "serviceaccounts", "impersonate", proxy.DefaultServiceAccount}}; !slices.Equal(got, want) {
+		t.Errorf("the impersonation Role grants %v, want %v", got, want)
+	}
+	if o.impersonate.Namespace != "flotilla-system" || o.impersonateBinding.Namespace != "flotilla-system" ||
+		o.impersonateBinding.RoleRef.Name != o.impersonate.Name || o.impersonateBinding.RoleRef.Kind != "Role" ||
+		!slices.Equal(o.impersonateBinding.Subjects, []rbacv1.Subject{{Kind: "ServiceAccount", Name: "flotilla-agent", Namespace: "flotilla-system"}}) {
+		t.Errorf("the impersonation RoleBinding binds %+v to %+v", o.impersonateBinding.RoleRef, o.impersonateBinding.Subjects)
 	}
 }
 

@@ -54,6 +54,9 @@ type config struct {
 	Listen     string
 	Kubeconfig string
 	LogLevel   slog.Level
+	// Dispatch serves the hub's Kubernetes API proxy streams, through which the hub's
+	// MultiKueue dispatches jobs to this worker.
+	Dispatch bool
 }
 
 // flagValues are the command line's settings; changed tells which were given.
@@ -71,6 +74,7 @@ type flagValues struct {
 	tokenFile             string
 	logLevel              string
 	allowInsecureLoopback bool
+	dispatch              bool
 }
 
 // source is where a setting's value came from, for messages.
@@ -204,6 +208,16 @@ func loadConfig(fv flagValues, changed func(flag string) bool, getenv func(strin
 	lvl := pick("log-level", "agent.logLevel", fv.logLevel, "info")
 	if err := cfg.LogLevel.UnmarshalText([]byte(lvl.value)); err != nil {
 		fail(lvl, "log level %q is not one of debug, info, warn, error", lvl.value)
+	}
+
+	// YAML's booleans only: yes, on and 1 are text to YAML, and a setting that reads
+	// as true here but as a string to Helm would render the chart differently.
+	switch disp := pick("dispatch", "dispatch.enabled", strconv.FormatBool(fv.dispatch), "true"); strings.ToLower(disp.value) {
+	case "true":
+		cfg.Dispatch = true
+	case "false":
+	default:
+		fail(disp, "dispatch.enabled %q is neither true nor false", disp.value)
 	}
 
 	tok, err := enrollmentToken(fv, changed, vals)

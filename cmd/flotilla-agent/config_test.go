@@ -87,7 +87,24 @@ func TestValuesAndFlags(t *testing.T) {
 				check(t, "Liveness", c.Liveness, protocol.DefaultLiveness)
 				check(t, "RootCAs", c.RootCAs == nil, true)
 				check(t, "DCGMURL", c.DCGMURL, "")
+				check(t, "Dispatch", c.Dispatch, true)
 			},
+		},
+		{
+			name:   "dispatch is turned off in the file",
+			values: handover + "dispatch:\n  enabled: false\n",
+			want:   func(t *testing.T, c *config) { check(t, "Dispatch", c.Dispatch, false) },
+		},
+		{
+			name:   "the dispatch flag overrides the file",
+			values: handover + "dispatch:\n  enabled: true\n",
+			args:   []string{"--dispatch=false"},
+			want:   func(t *testing.T, c *config) { check(t, "Dispatch", c.Dispatch, false) },
+		},
+		{
+			name:    "dispatch.enabled must be a YAML boolean",
+			values:  handover + "dispatch:\n  enabled: yes\n",
+			wantErr: []string{`values.yaml:11 (dispatch.enabled): dispatch.enabled "yes" is neither true nor false`},
 		},
 		{
 			name:   "the namespace defaults to the pod's",

@@ -1,7 +1,10 @@
 // Command flotilla-agent is the flotilla agent: it runs in a worker cluster, dials the
 // hub over an outbound WebSocket tunnel, redeems the cluster's one-shot enrollment token
 // for a credential of its own, applies the Kueue objects the hub sends and reports the
-// cluster's GPUs. It listens only for health probes and metrics.
+// cluster's GPUs. With dispatch on (the default) it also forwards, through the same
+// tunnel, the requests the hub's MultiKueue makes of the worker's API server, under the
+// chart's flotilla-dispatch ServiceAccount and only those MultiKueue needs
+// (agent/proxy). It listens only for health probes and metrics.
 //
 // It is configured by the flotilla-agent chart's values file (the one `flotilla cluster
 // add` writes), each setting overridable by a flag.
@@ -60,9 +63,9 @@ func newRootCommand(getenv func(string) string, start starter) *cobra.Command {
 			"Settings come from the flotilla-agent chart's values file (--values): hub.url,\n" +
 			"cluster.tenant, cluster.name, cluster.identity, enrollment.token and the optional\n" +
 			"agent.namespace, agent.credentialSecret, agent.caBundle (a file or inline PEM),\n" +
-			"agent.heartbeat, agent.dcgmURL, agent.listen and agent.logLevel. A flag overrides\n" +
-			"the file. The enrollment token has no flag, since flags show in process listings:\n" +
-			"it is read from the values file or from --enrollment-token-file.",
+			"agent.heartbeat, agent.dcgmURL, agent.listen, agent.logLevel and dispatch.enabled.\n" +
+			"A flag overrides the file. The enrollment token has no flag, since flags show in\n" +
+			"process listings: it is read from the values file or from --enrollment-token-file.",
 		Version:       version.String("flotilla-agent"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -94,6 +97,7 @@ func newRootCommand(getenv func(string) string, start starter) *cobra.Command {
 	f.StringVar(&fv.listen, "listen", defaultListen, "the address of /healthz, /readyz and /metrics (agent.listen)")
 	f.StringVar(&fv.kubeconfig, "kubeconfig", "", "a kubeconfig for the worker cluster (default: in-cluster, else $"+kubeconfigEnv+")")
 	f.StringVar(&fv.logLevel, "log-level", "info", "debug, info, warn or error (agent.logLevel)")
+	f.BoolVar(&fv.dispatch, "dispatch", true, "serve the hub's Kubernetes API proxy, through which the hub's MultiKueue dispatches jobs here (dispatch.enabled)")
 	f.BoolVar(&fv.allowInsecureLoopback, "allow-insecure-loopback", false, "accept a ws:// hub URL to a loopback host, for a hub on this machine")
 	return cmd
 }

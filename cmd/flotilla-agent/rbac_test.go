@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	"github.com/flotilla-gitops/flotilla/agent/proxy"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
@@ -37,8 +39,13 @@ const (
 	agentIdentity = "4-acme-gpu-a"
 )
 
-// installChartRBAC creates the chart's ClusterRole, Role and their bindings on the plane
-// and waits until the authorizer grants them.
+// dispatchUser is the chart's dispatch ServiceAccount, which the agent's proxy
+// impersonates.
+const dispatchUser = "system:serviceaccount:" + agentNamespace + ":" + proxy.DefaultServiceAccount
+
+// installChartRBAC creates the chart's ServiceAccounts, ClusterRoles, Roles and their
+// bindings on the plane, those that are not there yet, and waits until the authorizer
+// grants them.
 func installChartRBAC(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
@@ -48,11 +55,13 @@ func installChartRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 	var objs []client.Object
-	for _, name := range []string{"clusterrole.yaml", "role.yaml"} {
+	for _, name := range []string{"serviceaccount.yaml", "clusterrole.yaml", "role.yaml", "dispatch.yaml"} {
 		docs := renderRBAC(t, name, agentNamespace)
 		for _, doc := range docs {
 			var obj client.Object
 			switch doc["kind"] {
+			case "ServiceAccount":
+				obj = &corev1.ServiceAccount{}
 			case "ClusterRole":
 				obj = &rbacv1.ClusterRole{}
 			case "ClusterRoleBinding":
@@ -69,25 +78,31 @@ func installChartRBAC(t *testing.T) {
 		}
 	}
 	for _, obj := range objs {
-		if err := admin.Create(ctx, obj); err != nil {
+		if err := admin.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
 		}
 	}
 	// The RBAC authorizer learns of roles and bindings through its informers, a moment
 	// after they are stored: wait for the last rule of each to be granted.
-	for _, attrs := range []authorizationv1.ResourceAttributes{
-		{Group: "kueue.x-k8s.io", Resource: "localqueues", Verb: "delete"},
-		{Resource: "secrets", Verb: "patch", Namespace: agentNamespace, Name: defaultCredentialSecret},
+	for _, g := range []struct {
+		user  string
+		attrs authorizationv1.ResourceAttributes
+	}{
+		{agentUser, authorizationv1.ResourceAttributes{Group: "kueue.x-k8s.io", Resource: "localqueues", Verb: "delete"}},
+		{agentUser, authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "patch", Namespace: agentNamespace, Name: defaultCredentialSecret}},
+		{agentUser, authorizationv1.ResourceAttributes{Resource: "serviceaccounts", Verb: "impersonate", Namespace: agentNamespace, Name: proxy.DefaultServiceAccount}},
+		{dispatchUser, authorizationv1.ResourceAttributes{Group: "jobset.x-k8s.io", Resource: "jobsets", Verb: "delete"}},
 	} {
+		user, attrs := g.user, g.attrs
 		err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: agentUser, ResourceAttributes: &attrs}}
+			review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: user, ResourceAttributes: &attrs}}
 			if err := admin.Create(ctx, review); err != nil {
 				return false, err
 			}
 			return review.Status.Allowed, nil
 		})
 		if err != nil {
-			t.Fatalf("waiting for %s to be granted %+v: %v", agentUser, attrs, err)
+			t.Fatalf("waiting for %s to be granted %+v: %v", user, attrs, err)
 		}
 	}
 }
@@ -112,6 +127,7 @@ func agentKubeconfig(t *testing.T) string {
 // hubSide is the hub's end of one tunnel: enough of a hub to drive the agent.
 type hubSide struct {
 	conn *protocol.Conn
+	tun  *protocol.Tunnel
 	msgs chan any
 }
 
@@ -137,8 +153,15 @@ func next[T any](t *testing.T, h *hubSide) *T {
 }
 
 // fakeHub admits the agent's enrollment token once, issuing credential, and hands each
-// tunnel to the test.
+// tunnel to the test. It answers the upgrade as a hub of protocol version 1 would, with no
+// version.
 func fakeHub(t *testing.T, credential string) (*httptest.Server, <-chan *hubSide) {
+	t.Helper()
+	return fakeHubSpeaking(t, credential, 0)
+}
+
+// fakeHubSpeaking is fakeHub answering the upgrade with protocol version, unless it is 0.
+func fakeHubSpeaking(t *testing.T, credential string, version int) (*httptest.Server, <-chan *hubSide) {
 	t.Helper()
 	tunnels := make(chan *hubSide, 1)
 	up := websocket.Upgrader{}
@@ -149,7 +172,11 @@ func fakeHub(t *testing.T, credential string) (*httptest.Server, <-chan *hubSide
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}
-		ws, err := up.Upgrade(w, r, http.Header{protocol.HeaderCredential: {credential}})
+		answer := http.Header{protocol.HeaderCredential: {credential}}
+		if version != 0 {
+			answer.Set(protocol.HeaderProtocol, strconv.Itoa(version))
+		}
+		ws, err := up.Upgrade(w, r, answer)
 		if err != nil {
 			t.Errorf("hub: upgrade: %v", err)
 			return
@@ -165,7 +192,7 @@ func fakeHub(t *testing.T, credential string) (*httptest.Server, <-chan *hubSide
 			t.Errorf("hub: accepting the control stream: %v", err)
 			return
 		}
-		h := &hubSide{conn: protocol.NewConn(stream), msgs: make(chan any, 64)}
+		h := &hubSide{conn: protocol.NewConn(stream), tun: tun, msgs: make(chan any, 64)}
 		tunnels <- h
 		defer close(h.msgs)
 		for {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"path/filepath"
 	"runtime/debug"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent"
 	"github.com/flotilla-gitops/flotilla/agent/apply"
 	"github.com/flotilla-gitops/flotilla/agent/inventory"
+	"github.com/flotilla-gitops/flotilla/agent/proxy"
 	"github.com/flotilla-gitops/flotilla/cmd/internal/version"
 )
 
@@ -73,7 +75,7 @@ func runAgentWith(ctx context.Context, cfg *config, log *slog.Logger, getenv fun
 		ref.set(a)
 		log.Info("starting", "version", agentVersion(), "hub", cfg.HubURL, "identity", cfg.Identity,
 			"tenant", cfg.Tenant, "cluster", cfg.Cluster, "credentialSecret", cfg.Namespace+"/"+cfg.CredentialSecret,
-			"enrollmentToken", cfg.EnrollmentToken != "", "listen", ln.Addr().String())
+			"enrollmentToken", cfg.EnrollmentToken != "", "listen", ln.Addr().String(), "dispatch", cfg.Dispatch)
 		return a.Run(ctx)
 	})
 	return g.Wait()
@@ -117,6 +119,16 @@ func newAgent(ctx context.Context, cfg *config, log *slog.Logger, getenv func(st
 	if err != nil {
 		return nil, err
 	}
+	// The hub's MultiKueue reaches this worker's API server through the agent, under
+	// the chart's flotilla-dispatch ServiceAccount, which the agent impersonates.
+	var dispatch http.Handler
+	if cfg.Dispatch {
+		h, err := proxy.New(proxy.Options{Config: restCfg, Namespace: cfg.Namespace, Log: log})
+		if err != nil {
+			return nil, err
+		}
+		dispatch = h
+	}
 	var tlsCfg *tls.Config
 	if cfg.RootCAs != nil {
 		tlsCfg = &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12}
@@ -131,6 +143,7 @@ func newAgent(ctx context.Context, cfg *config, log *slog.Logger, getenv func(st
 		Liveness:          cfg.Liveness,
 		Applier:           applier,
 		Inventory:         inv,
+		Proxy:             dispatch,
 		AgentVersion:      agentVersion(),
 		KubernetesVersion: kv,
 		Log:               log,

@@ -32,6 +32,8 @@ func valueKeys(section string) []string {
 		return []string{"token"}
 	case "agent":
 		return []string{"namespace", "credentialSecret", "caBundle", "heartbeat", "dcgmURL", "listen", "logLevel"}
+	case "dispatch":
+		return []string{"enabled"}
 	}
 	return nil
 }

@@ -60,12 +60,14 @@ func (f CredentialIssued) record(wc *v1alpha1.WorkerCluster) {
 type Connected struct {
 	At                              time.Time
 	AgentVersion, KubernetesVersion string
+	// Protocol is the negotiated protocol version.
+	Protocol int
 }
 
 func (f Connected) record(wc *v1alpha1.WorkerCluster) {
 	at := metav1.NewTime(f.At)
 	wc.Status.LastSeen = &at
-	wc.Status.Agent = &v1alpha1.AgentInfo{Version: f.AgentVersion, KubernetesVersion: f.KubernetesVersion}
+	wc.Status.Agent = &v1alpha1.AgentInfo{Version: f.AgentVersion, KubernetesVersion: f.KubernetesVersion, ProtocolVersion: int32(f.Protocol)}
 	set(wc, v1alpha1.ConditionConnected, metav1.ConditionTrue, v1alpha1.ReasonTunnelUp,
 		fmt.Sprintf("connected at %s, agent %s on Kubernetes %s", stamp(f.At), f.AgentVersion, f.KubernetesVersion))
 }

@@ -49,6 +49,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
 // fieldManager owns what the tunnel writes on the hub cluster.
@@ -102,10 +103,14 @@ type Server struct {
 	refusals logBudget
 	faults   logBudget
 
-	mu       sync.Mutex
-	sessions map[string]*session // by identity
-	desired  map[string]pushed   // by identity
-	closing  atomic.Bool
+	mu          sync.Mutex
+	sessions    map[string]*session     // by identity
+	desired     map[string]pushed       // by identity
+	proxyTokens map[string]secrets.Hash // by identity, as far as known
+	// registered is closed, and replaced, whenever a session registers: the proxy's
+	// watches that wait for their agent to redial wake on it.
+	registered chan struct{}
+	closing    atomic.Bool
 }
 
 // pushed is what the hub last pushed for an identity.
@@ -163,8 +168,10 @@ func New(opts Options) (*Server, error) {
 			// Agents are not browsers: there is no origin to check.
 			CheckOrigin: func(*http.Request) bool { return true },
 		},
-		sessions: map[string]*session{},
-		desired:  map[string]pushed{},
+		sessions:    map[string]*session{},
+		desired:     map[string]pushed{},
+		proxyTokens: map[string]secrets.Hash{},
+		registered:  make(chan struct{}),
 	}, nil
 }
 
@@ -207,7 +214,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the hub cannot admit agents right now", http.StatusServiceUnavailable)
 		return
 	}
+	// The agent learns from the answer which version the two speak: an older agent keeps
+	// its own, and the hub opens no stream it would not understand.
+	version := protocol.Negotiate(v)
 	hdr := http.Header{}
+	hdr.Set(protocol.HeaderProtocol, strconv.Itoa(version))
 	if !adm.credential.IsZero() {
 		hdr.Set(protocol.HeaderCredential, adm.credential.Reveal())
 		if adm.again {
@@ -236,7 +247,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		log.Error("starting the tunnel", "error", err)
 		return
 	}
-	sess := &session{srv: s, tunnel: t, wc: adm.wc, identity: adm.wc.Labels[v1alpha1.WorkerClusterLabel], log: log.With("workerCluster", adm.wc.Namespace+"/"+adm.wc.Name)}
+	sess := &session{srv: s, tunnel: t, wc: adm.wc, identity: adm.wc.Labels[v1alpha1.WorkerClusterLabel], version: version, log: log.With("workerCluster", adm.wc.Namespace+"/"+adm.wc.Name)}
 	if !adm.credential.IsZero() {
 		sess.issued = adm.credential.Hash()
 	}
@@ -277,6 +288,7 @@ func (s *Server) Forget(identity string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.desired, identity)
+	delete(s.proxyTokens, identity)
 }
 
 func (s *Server) desiredState(identity string) *protocol.DesiredState {
@@ -326,6 +338,14 @@ func (s *Server) Sessions() int {
 	return len(s.sessions)
 }
 
+// sessionAndWake is the identity's session and a channel closed when the next session
+// of any identity registers.
+func (s *Server) sessionAndWake(identity string) (*session, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessions[identity], s.registered
+}
+
 func (s *Server) session(identity string) *session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -337,6 +357,8 @@ func (s *Server) register(sess *session) {
 	s.mu.Lock()
 	old := s.sessions[sess.identity]
 	s.sessions[sess.identity] = sess
+	close(s.registered)
+	s.registered = make(chan struct{})
 	s.mu.Unlock()
 	if old != nil {
 		old.log.Info("tunnel replaced by a new connection of the same identity")

@@ -26,6 +26,8 @@ type session struct {
 	conn     *protocol.Conn
 	wc       *v1alpha1.WorkerCluster
 	identity string
+	// version is the protocol version negotiated with the agent.
+	version  int
 	log      *slog.Logger
 	replaced atomic.Bool
 	// issued is the credential issued by the redemption that opened this tunnel, if
@@ -57,6 +59,7 @@ func (s *session) run(ctx context.Context) {
 		return
 	}
 	s.conn = protocol.NewConn(stream)
+	s.conn.SetVersion(s.version)
 	s.conn.SetWriteTimeout(s.srv.opts.WriteTimeout)
 	// Until the agent says who it is, it gets no room for more than a hello.
 	s.conn.SetMaxMessageSize(protocol.MaxHelloSize)
@@ -252,7 +255,7 @@ func (s *session) connected(ctx context.Context, hello *protocol.Hello) error {
 	s.mu.Lock()
 	s.lastSeenSaved = now
 	s.mu.Unlock()
-	return s.record(ctx, conditions.Connected{At: now, AgentVersion: hello.AgentVersion, KubernetesVersion: hello.KubernetesVersion})
+	return s.record(ctx, conditions.Connected{At: now, AgentVersion: hello.AgentVersion, KubernetesVersion: hello.KubernetesVersion, Protocol: s.version})
 }
 
 // seen records status.lastSeen, at most once per LastSeenEvery.

@@ -48,13 +48,30 @@ func repoRoot() (string, error) {
 }
 
 // binaryDir returns the directory holding kube-apiserver and etcd: KUBEBUILDER_ASSETS when it is
-// set, else the one test/testbin/build.sh prints on its last line (it builds the binaries on
-// first use and is a no-op afterwards). The script's progress goes to stderr, since a cold build
-// takes many minutes and a silent test would look hung.
+// set, else the one test/testbin/build.sh prints on its last line.
 func binaryDir(ctx context.Context, root string) (string, error) {
-	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	return testbinDir(ctx, root, "KUBEBUILDER_ASSETS", "build.sh", "kube-apiserver", "etcd")
+}
+
+// BinaryDir returns the directory holding the named binaries that a script of test/testbin
+// builds: the value of the environment variable env when it is set (make testbin exports it),
+// else the directory the script prints on its last line. The script builds the binaries on first
+// use and is a no-op afterwards, so a test works from a fresh clone. Each binary must be an
+// executable file in the directory.
+func BinaryDir(ctx context.Context, env, script string, binaries ...string) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	return testbinDir(ctx, root, env, script, binaries...)
+}
+
+// testbinDir is BinaryDir with the repository root known. The script's progress goes to stderr,
+// since a cold build takes many minutes and a silent test would look hung.
+func testbinDir(ctx context.Context, root, env, script string, binaries ...string) (string, error) {
+	dir := os.Getenv(env)
 	if dir == "" {
-		script := filepath.Join(root, "test", "testbin", "build.sh")
+		script := filepath.Join(root, "test", "testbin", script)
 		cmd := exec.CommandContext(ctx, "bash", script)
 		cmd.Dir = root
 		cmd.Stderr = os.Stderr
@@ -72,7 +89,7 @@ func binaryDir(ctx context.Context, root string) (string, error) {
 			return "", fmt.Errorf("running %s: it printed no directory", script)
 		}
 	}
-	for _, name := range []string{"kube-apiserver", "etcd"} {
+	for _, name := range binaries {
 		p := filepath.Join(dir, name)
 		if fi, err := os.Stat(p); err != nil {
 			return "", fmt.Errorf("finding %s: %w", name, err)
@@ -109,6 +126,24 @@ func hasFile(entries []os.DirEntry) bool {
 		}
 	}
 	return false
+}
+
+// RepoRoot returns the root of the repository the tests run in: the directory holding go.mod,
+// found upwards from the working directory (the package directory under go test).
+func RepoRoot() (string, error) { return repoRoot() }
+
+// ModuleDir returns where the module cache holds module at the version go.mod requires, e.g. to
+// read manifests that ship with it.
+func ModuleDir(ctx context.Context, module string) (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	dirs, err := moduleDirs(ctx, root, module)
+	if err != nil {
+		return "", err
+	}
+	return dirs[module], nil
 }
 
 // moduleDirs asks the go command, in the repository root, where the given modules are in the

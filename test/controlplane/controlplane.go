@@ -138,6 +138,11 @@ func Start(ctx context.Context, n int, opts Options) ([]*ControlPlane, error) {
 	return planes, nil
 }
 
+// Dir is the plane's own temporary directory. Processes that run against the plane (a Kueue
+// manager, say) keep their files in it: it is removed when the plane stops, and by Main's reaper
+// when the test process dies without stopping the plane.
+func (p *ControlPlane) Dir() string { return p.dir }
+
 // StopAll stops the given planes concurrently and returns all of their errors. Nil entries are
 // skipped, so it can be handed a partly filled slice.
 func StopAll(planes []*ControlPlane) error {

@@ -167,6 +167,10 @@ type AgentInfo struct {
 	Version string `json:"version,omitempty"`
 	// +optional
 	KubernetesVersion string `json:"kubernetesVersion,omitempty"`
+	// ProtocolVersion is the tunnel protocol version the hub and the agent agreed on;
+	// dispatch needs at least 2.
+	// +optional
+	ProtocolVersion int32 `json:"protocolVersion,omitempty"`
 }
 
 // GPUTotal counts one GPU product on the cluster's Ready, schedulable nodes.

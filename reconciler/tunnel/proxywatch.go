@@ -1,0 +1,234 @@
+package tunnel
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"net/url"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// watch relays a watch to the worker. Kueue v0.17.0 may evict work when a watch to a
+// worker ends (kueue#12999), so a tunnel that breaks under a watch does not end it:
+// the proxy waits up to ResumeWindow for the agent to redial and asks the worker to
+// go on from the last resourceVersion it passed on. The watch ends when the caller
+// leaves, the worker ends it (its timeout, or an ERROR event such as 410 Gone, which
+// is passed on), or the agent stays away past the window.
+//
+// A watch is relayed on a stream of its own, read by this goroutine alone: an idle
+// worker's watches cost the hub a stream and a small buffer each.
+func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, target *url.URL, log *slog.Logger) {
+	ctx := r.Context()
+	rc := http.NewResponseController(w)
+	query := target.Query()
+	started := false
+	var rv string
+	for {
+		u := *target
+		if rv != "" {
+			// Events up to rv were passed on; the first question no longer applies.
+			query.Set("resourceVersion", rv)
+			query.Del("resourceVersionMatch")
+			query.Del("sendInitialEvents")
+		}
+		u.RawQuery = query.Encode()
+		resp, sess, err := p.openWatch(ctx, r, identity, &u)
+		if err != nil {
+			if !started {
+				writeStatus(w, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, "the worker is not reachable through its tunnel")
+				return
+			}
+			if !p.awaitAgent(ctx, identity, sess, time.Now().Add(p.opts.ResumeWindow)) {
+				log.Info("watch ended: the agent did not come back within the resume window", "window", p.opts.ResumeWindow)
+				return
+			}
+			continue
+		}
+		if !started {
+			started = true
+			copyResponseHeader(w.Header(), resp.Header)
+			w.WriteHeader(resp.StatusCode)
+			_ = rc.Flush()
+			if resp.StatusCode != http.StatusOK || !isJSON(resp.Header.Get("Content-Type")) {
+				// Nothing to resume from: pass it through as it comes.
+				_, _ = io.Copy(flushWriter{w, rc}, resp.Body)
+				_ = resp.Body.Close()
+				return
+			}
+		} else if resp.StatusCode != http.StatusOK {
+			_ = resp.Body.Close()
+			log.Info("watch ended: the worker did not take it up again", "status", resp.StatusCode)
+			return
+		}
+		ended := relayEvents(flushWriter{w, rc}, resp.Body, &rv)
+		_ = resp.Body.Close()
+		if ended || ctx.Err() != nil {
+			return
+		}
+		log.Info("the tunnel broke under a watch: waiting for the agent to redial", "resourceVersion", rv, "window", p.opts.ResumeWindow)
+		if !p.awaitAgent(ctx, identity, sess, time.Now().Add(p.opts.ResumeWindow)) {
+			log.Info("watch ended: the agent did not come back within the resume window", "window", p.opts.ResumeWindow)
+			return
+		}
+	}
+}
+
+// openWatch sends the watch request on a stream of its own and reads the answer's
+// header. The answer's body owns the stream; the caller leaving closes it.
+func (p *Proxy) openWatch(ctx context.Context, in *http.Request, identity string, u *url.URL) (*http.Response, *session, error) {
+	conn, sess, err := p.dial(identity)
+	if err != nil {
+		return nil, sess, err
+	}
+	out, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		_ = conn.Close()
+		return nil, sess, err
+	}
+	out.Header = in.Header.Clone()
+	stripCredentials(out.Header)
+	out.Header.Del("Connection")
+	// The proxy reads the events to resume from them: they come uncompressed. Each is
+	// flushed on its own, so compression would gain little anyway.
+	out.Header.Del("Accept-Encoding")
+	out.Close = true
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	if err := out.Write(conn); err != nil {
+		stop()
+		_ = conn.Close()
+		return nil, sess, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 4<<10), out)
+	if err != nil {
+		stop()
+		_ = conn.Close()
+		return nil, sess, err
+	}
+	resp.Body = closer{resp.Body, func() { stop(); _ = conn.Close() }}
+	return resp, sess, nil
+}
+
+// awaitAgent waits until the identity has a session other than gone that serves the
+// proxy, and reports whether one came before the deadline.
+func (p *Proxy) awaitAgent(ctx context.Context, identity string, gone *session, deadline time.Time) bool {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for {
+		sess, wake := p.srv.sessionAndWake(identity)
+		if _, known := p.srv.known(identity); !known {
+			return false // the cluster left the fleet
+		}
+		var retry <-chan time.Time
+		switch {
+		case sess != nil && sess != gone:
+			return true
+		case sess != nil && !sess.tunnel.IsClosed():
+			// The same tunnel is up: only the stream failed. Try again shortly.
+			retry = time.After(time.Second)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+			return false
+		case <-wake:
+		case <-retry:
+			return true
+		}
+	}
+}
+
+// relayEvents passes on a JSON watch stream event by event, noting the resourceVersion
+// of each; it reports whether the watch ended for good (the caller left, the worker
+// closed it cleanly or sent an ERROR event) rather than because the tunnel broke.
+func relayEvents(w flushWriter, body io.Reader, rv *string) bool {
+	r := &readErr{r: body}
+	dec := json.NewDecoder(r)
+	for {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			// A watch the worker ends cleanly closes its chunked body: io.EOF. A
+			// tunnel that breaks cuts it short: a read error. What does not parse
+			// cannot be resumed either.
+			return r.err == nil || errors.Is(r.err, io.EOF)
+		}
+		var ev struct {
+			Type   string `json:"type"`
+			Object struct {
+				Metadata struct {
+					ResourceVersion string `json:"resourceVersion"`
+				} `json:"metadata"`
+			} `json:"object"`
+		}
+		_ = json.Unmarshal(raw, &ev)
+		if _, err := w.Write(append(raw, '\n')); err != nil {
+			return true // the caller left
+		}
+		if ev.Type == "ERROR" {
+			return true
+		}
+		if v := ev.Object.Metadata.ResourceVersion; v != "" {
+			*rv = v
+		}
+	}
+}
+
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err == nil && mt == "application/json"
+}
+
+// copyResponseHeader copies the answer's headers without those that belong to one
+// connection.
+func copyResponseHeader(dst, src http.Header) {
+	for k, vs := range src {
+		switch k {
+		case "Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Te", "Trailer", "Upgrade", "Content-Length":
+			continue
+		}
+		dst[k] = vs
+	}
+}
+
+// flushWriter flushes each write: a watch event must reach the watcher at once.
+type flushWriter struct {
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (f flushWriter) Write(b []byte) (int, error) {
+	n, err := f.w.Write(b)
+	if err != nil {
+		return n, err
+	}
+	return n, f.rc.Flush()
+}
+
+// readErr remembers the error of the reads under a decoder, to tell a stream that
+// broke from one that did not parse.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErr) Read(b []byte) (int, error) {
+	n, err := r.r.Read(b)
+	if err != nil {
+		r.err = err
+	}
+	return n, err
+}
+
+type closer struct {
+	io.Reader
+	close func()
+}
+
+func (c closer) Close() error { c.close(); return nil }

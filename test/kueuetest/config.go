@@ -1,0 +1,94 @@
+package kueuetest
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+
+	configv1alpha1 "k8s.io/component-base/config/v1alpha1"
+	"k8s.io/utils/ptr"
+	configapi "sigs.k8s.io/kueue/apis/config/v1beta2"
+	"sigs.k8s.io/yaml"
+)
+
+// loopback is where every server of the manager listens: test traffic stays on this machine.
+const loopback = "127.0.0.1"
+
+// visibilityGate is Kueue's feature gate for its on-demand visibility API server.
+const visibilityGate = "VisibilityOnDemand"
+
+// configure returns a copy of the caller's configuration (nil is Kueue's defaults) with the
+// harness's parts filled in: namespace, the servers on the given free loopback ports (health,
+// metrics, webhook, visibility), the webhook certificate directory, no leader election and no
+// internal certificate management.
+func configure(in *configapi.Configuration, ports []int, certDir string) *configapi.Configuration {
+	cfg := &configapi.Configuration{}
+	if in != nil {
+		cfg = in.DeepCopy()
+	}
+	cfg.APIVersion = configapi.GroupVersion.String()
+	cfg.Kind = "Configuration"
+	if ptr.Deref(cfg.Namespace, "") == "" {
+		cfg.Namespace = ptr.To(Namespace)
+	}
+	addr := func(port int) string { return net.JoinHostPort(loopback, strconv.Itoa(port)) }
+	cfg.Health.HealthProbeBindAddress = addr(ports[0])
+	cfg.Metrics.BindAddress = addr(ports[1])
+	cfg.Webhook = configapi.ControllerWebhook{Host: loopback, Port: ptr.To(ports[2]), CertDir: certDir}
+	// Several managers of one test process run against different planes: each elects itself.
+	cfg.LeaderElection = &configv1alpha1.LeaderElectionConfiguration{LeaderElect: ptr.To(false)}
+	// The webhook certificate comes from the harness, whose CA the webhook configurations carry;
+	// Kueue's own rotation would write a Secret and patch configurations for a Service.
+	cfg.InternalCertManagement = &configapi.InternalCertManagement{Enable: ptr.To(false)}
+	// The visibility server binds port 8082 on every interface by default, which two managers
+	// on one machine cannot share, and needs an APIService registration the tests do not make.
+	if _, set := cfg.FeatureGates[visibilityGate]; !set {
+		if cfg.FeatureGates == nil {
+			cfg.FeatureGates = map[string]bool{}
+		}
+		cfg.FeatureGates[visibilityGate] = false
+	}
+	if cfg.FeatureGates[visibilityGate] {
+		cfg.VisibilityServer = &configapi.VisibilityServerConfiguration{BindAddress: ptr.To(loopback), BindPort: ptr.To(int32(ports[3]))}
+	}
+	return cfg
+}
+
+// frameworks returns the integrations Kueue enables with cfg: its defaulting decides when the
+// configuration names none, and some integrations imply others.
+func frameworks(cfg *configapi.Configuration) []string {
+	defaulted := cfg.DeepCopy()
+	configapi.SetDefaults_Configuration(defaulted)
+	var out []string
+	for _, name := range defaulted.Integrations.Frameworks {
+		out = append(out, name)
+		out = append(out, impliedFrameworks(name)...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// impliedFrameworks returns the integrations that Kueue v0.17 enables along with name
+// (ImplicitlyEnabledFrameworkNames in pkg/controller/jobs): workloads of these kinds are managed
+// through their pods.
+func impliedFrameworks(name string) []string {
+	switch name {
+	case "deployment", "statefulset", "leaderworkerset.x-k8s.io/leaderworkerset":
+		return []string{"pod"}
+	}
+	return nil
+}
+
+// writeConfig writes cfg as the YAML file Kueue's --config flag reads.
+func writeConfig(path string, cfg *configapi.Configuration) error {
+	data, err := yaml.Marshal(cfg)
+	if err != nil {
+		return fmt.Errorf("encoding the manager's configuration: %w", err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return fmt.Errorf("writing the manager's configuration: %w", err)
+	}
+	return nil
+}
