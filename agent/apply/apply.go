@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 
@@ -34,6 +35,12 @@ type Options struct {
 	// Identity is the worker's identity: the value of flotilla.dev/worker-cluster on
 	// everything it owns.
 	Identity string
+	// OwnerLabel is the label whose value Identity is on what the Applier owns. Default
+	// flotilla.dev/worker-cluster; the hub applies its own objects of a tenant under
+	// flotilla.dev/tenant, with the same refusal to adopt.
+	OwnerLabel string
+	// PruneKinds are kinds to prune besides PruneKinds() and the desired state's own.
+	PruneKinds []schema.GroupVersionKind
 	// FieldManager names the agent in managedFields; empty means DefaultFieldManager.
 	FieldManager string
 	// Log receives one line per object that applying changed, refused or failed; nil
@@ -44,10 +51,12 @@ type Options struct {
 // Applier applies desired states to one worker cluster. It is safe for concurrent use;
 // applies are serialized, since each prunes what the other does not name.
 type Applier struct {
-	client   client.Client
-	manager  *ssa.ResourceManager
-	identity string
-	log      *slog.Logger
+	client     client.Client
+	manager    *ssa.ResourceManager
+	identity   string
+	ownerLabel string
+	extraKinds []schema.GroupVersionKind
+	log        *slog.Logger
 
 	mu sync.Mutex
 }
@@ -69,6 +78,9 @@ func New(opts Options) (*Applier, error) {
 	if opts.FieldManager == "" {
 		opts.FieldManager = DefaultFieldManager
 	}
+	if opts.OwnerLabel == "" {
+		opts.OwnerLabel = v1alpha1.WorkerClusterLabel
+	}
 	log := opts.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -77,10 +89,12 @@ func New(opts Options) (*Applier, error) {
 	// the manager's wait functions are never called.
 	manager := ssa.NewResourceManager(opts.Client, nil, ssa.Owner{Field: opts.FieldManager, Group: "flotilla.dev"})
 	return &Applier{
-		client:   opts.Client,
-		manager:  manager,
-		identity: opts.Identity,
-		log:      log.With("identity", opts.Identity),
+		client:     opts.Client,
+		manager:    manager,
+		identity:   opts.Identity,
+		ownerLabel: opts.OwnerLabel,
+		extraKinds: slices.Clone(opts.PruneKinds),
+		log:        log.With("identity", opts.Identity),
 	}, nil
 }
 
@@ -154,7 +168,7 @@ func (a *Applier) Apply(ctx context.Context, state protocol.DesiredState) protoc
 	if undecodable > 0 {
 		errs = append(errs, fmt.Errorf("pruning skipped: %d objects of the desired state could not be decoded, so what they name is unknown", undecodable))
 	} else {
-		kinds := pruneKinds(desired)
+		kinds := pruneKinds(desired, a.extraKinds)
 		if err := a.prune(ctx, kinds, keep, report); err != nil {
 			errs = append(errs, err)
 		}
@@ -184,11 +198,11 @@ func (a *Applier) decode(i int, raw []byte) (u *unstructured.Unstructured, res p
 		return nil, res, false
 	}
 	labels := u.GetLabels()
-	if labels[v1alpha1.ManagedByLabel] != v1alpha1.ManagedByValue || labels[v1alpha1.WorkerClusterLabel] != a.identity {
+	if labels[v1alpha1.ManagedByLabel] != v1alpha1.ManagedByValue || labels[a.ownerLabel] != a.identity {
 		res.Action = protocol.ActionFailed
 		res.Message = fmt.Sprintf("%s is not labeled %s=%s and %s=%s (it has %q and %q): the hub must only send objects of this WorkerCluster; not applied",
-			utils.FmtUnstructured(u), v1alpha1.ManagedByLabel, v1alpha1.ManagedByValue, v1alpha1.WorkerClusterLabel, a.identity,
-			labels[v1alpha1.ManagedByLabel], labels[v1alpha1.WorkerClusterLabel])
+			utils.FmtUnstructured(u), v1alpha1.ManagedByLabel, v1alpha1.ManagedByValue, a.ownerLabel, a.identity,
+			labels[v1alpha1.ManagedByLabel], labels[a.ownerLabel])
 		return u, res, false
 	}
 	return u, res, true
@@ -213,7 +227,7 @@ func (a *Applier) applyOne(ctx context.Context, u *unstructured.Unstructured) pr
 		return fail(fmt.Errorf("%s: reading the live object: %w", utils.FmtUnstructured(u), err))
 	default:
 		res.UID = string(live.GetUID())
-		owner, labeled := live.GetLabels()[v1alpha1.WorkerClusterLabel]
+		owner, labeled := live.GetLabels()[a.ownerLabel]
 		if u.GetAnnotations()[v1alpha1.ApplyAnnotation] == v1alpha1.ApplyIfNotPresent {
 			res.Action = protocol.ActionSkipped
 			res.Message = fmt.Sprintf("exists; created only when missing (%s: %s)", v1alpha1.ApplyAnnotation, v1alpha1.ApplyIfNotPresent)
@@ -224,7 +238,7 @@ func (a *Applier) applyOne(ctx context.Context, u *unstructured.Unstructured) pr
 		}
 		if owner != a.identity {
 			res.Action = protocol.ActionRefused
-			res.Message = refusal(live, a.identity, owner, labeled)
+			res.Message = refusal(live, a.ownerLabel, a.identity, owner, labeled)
 			return res
 		}
 	}
@@ -256,13 +270,16 @@ func (a *Applier) applyOne(ctx context.Context, u *unstructured.Unstructured) pr
 }
 
 // refusal says why live is not adopted and how an operator hands it over.
-func refusal(live *unstructured.Unstructured, identity, owner string, labeled bool) string {
-	whose := fmt.Sprintf("it has no %s label", v1alpha1.WorkerClusterLabel)
+func refusal(live *unstructured.Unstructured, label, identity, owner string, labeled bool) string {
+	whose := fmt.Sprintf("it has no %s label", label)
 	if labeled {
-		whose = fmt.Sprintf("it belongs to WorkerCluster %q", owner)
+		whose = fmt.Sprintf("it belongs to %s=%q", label, owner)
+		if label == v1alpha1.WorkerClusterLabel {
+			whose = fmt.Sprintf("it belongs to WorkerCluster %q", owner)
+		}
 	}
 	return fmt.Sprintf("%s: %s (uid %s): %s; label it %s=%s to hand it over",
-		RefusePrefix, utils.FmtUnstructured(live), live.GetUID(), whose, v1alpha1.WorkerClusterLabel, identity)
+		RefusePrefix, utils.FmtUnstructured(live), live.GetUID(), whose, label, identity)
 }
 
 func resultOf(u *unstructured.Unstructured) protocol.ObjectResult {

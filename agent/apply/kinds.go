@@ -46,9 +46,9 @@ func sortForApply(objs []*unstructured.Unstructured) {
 // pruneKinds returns the kinds to list for pruning, in delete order (the reverse of the
 // apply order): pruneKindList and the kinds of the desired state, one version per kind, the
 // desired state's when it has one. Namespaces are never pruned, so never listed.
-func pruneKinds(desired []*unstructured.Unstructured) []schema.GroupVersionKind {
+func pruneKinds(desired []*unstructured.Unstructured, extra []schema.GroupVersionKind) []schema.GroupVersionKind {
 	version := map[schema.GroupKind]string{}
-	for _, k := range pruneKindList {
+	for _, k := range append(slices.Clone(pruneKindList), extra...) {
 		version[k.GroupKind()] = k.Version
 	}
 	for _, u := range desired {

@@ -101,7 +101,7 @@ func (a *Applier) pruneOne(ctx context.Context, gvk schema.GroupVersionKind, ite
 	for attempt := 1; ; attempt++ {
 		if !a.owns(obj) {
 			res.Action = protocol.ActionSkipped
-			res.Message = fmt.Sprintf("no longer desired, but no longer labeled %s=%s either; not pruned", v1alpha1.WorkerClusterLabel, a.identity)
+			res.Message = fmt.Sprintf("no longer desired, but no longer labeled %s=%s either; not pruned", a.ownerLabel, a.identity)
 			return res
 		}
 		if obj.GetAnnotations()[v1alpha1.PruneAnnotation] == v1alpha1.PruneDisabled {
@@ -150,13 +150,13 @@ func (a *Applier) pruneOne(ctx context.Context, gvk schema.GroupVersionKind, ite
 
 func (a *Applier) ownerLabels() map[string]string {
 	return map[string]string{
-		v1alpha1.ManagedByLabel:     v1alpha1.ManagedByValue,
-		v1alpha1.WorkerClusterLabel: a.identity,
+		v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue,
+		a.ownerLabel:            a.identity,
 	}
 }
 
 // owns reports whether obj carries both ownership labels of this identity.
 func (a *Applier) owns(obj metav1.Object) bool {
 	l := obj.GetLabels()
-	return l[v1alpha1.ManagedByLabel] == v1alpha1.ManagedByValue && l[v1alpha1.WorkerClusterLabel] == a.identity
+	return l[v1alpha1.ManagedByLabel] == v1alpha1.ManagedByValue && l[a.ownerLabel] == a.identity
 }

@@ -72,7 +72,7 @@ func TestReceiveRefusesWithoutLosingTheStream(t *testing.T) {
 		code        string
 	}{
 		{"an unknown type", []byte(`{"v":1,"type":"teleport","body":{}}`), true, protocol.ErrUnknownType, protocol.CodeUnknownType},
-		{"a newer version", []byte(`{"v":2,"type":"hello","body":{}}`), true, protocol.ErrNewerVersion, protocol.CodeUnsupportedVersion},
+		{"a newer version", []byte(`{"v":99,"type":"hello","body":{}}`), true, protocol.ErrNewerVersion, protocol.CodeUnsupportedVersion},
 		{"not JSON", []byte(`{not json`), true, nil, protocol.CodeMalformed},
 		{"a body of the wrong shape", []byte(`{"v":1,"type":"desired","body":{"generation":"three"}}`), true, nil, protocol.CodeMalformed},
 	}

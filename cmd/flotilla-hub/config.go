@@ -50,6 +50,24 @@ type Config struct {
 		Interval Duration `yaml:"interval"`
 		Timeout  Duration `yaml:"timeout"`
 	} `yaml:"heartbeat"`
+	// Dispatch makes the hub's Kueue a MultiKueue manager of the workers, reached
+	// through the hub's Kubernetes API proxy over their tunnels. Off without listen.
+	Dispatch struct {
+		// Listen is the API proxy's HTTPS address, e.g. :9443.
+		Listen string `yaml:"listen"`
+		// URL is the proxy as the hub's Kueue reaches it, https://host:port: the server
+		// of the kubeconfigs the hub writes, and the name in the proxy's certificate.
+		URL string `yaml:"url"`
+		// Namespace holds the proxy's CA Secret. Default flotilla-system.
+		Namespace string `yaml:"namespace"`
+		// CASecret is the name of that Secret. Default flotilla-hub-proxy-ca.
+		CASecret string `yaml:"caSecret"`
+		// KueueNamespace is the hub Kueue's namespace. Default kueue-system.
+		KueueNamespace string `yaml:"kueueNamespace"`
+		// ResumeWindow is how long a watch through the proxy outlives its tunnel's
+		// break, waiting for the agent to redial. Default 60s.
+		ResumeWindow Duration `yaml:"resumeWindow"`
+	} `yaml:"dispatch"`
 	LeaderElection struct {
 		Enabled   bool   `yaml:"enabled"`
 		Namespace string `yaml:"namespace"`
@@ -184,6 +202,24 @@ func (c *Config) check() error {
 	}
 	if c.LeaderElection.Name == "" {
 		c.LeaderElection.Name = "flotilla-hub"
+	}
+	if d := &c.Dispatch; d.Listen != "" {
+		u, err := url.Parse(d.URL)
+		if err != nil || u.Scheme != "https" || u.Hostname() == "" || (u.Path != "" && u.Path != "/") {
+			return errors.New("dispatch.url: the proxy's address as the hub's Kueue reaches it, https://host[:port], is required with dispatch.listen")
+		}
+		if d.Namespace == "" {
+			d.Namespace = "flotilla-system"
+		}
+		if d.CASecret == "" {
+			d.CASecret = "flotilla-hub-proxy-ca"
+		}
+		if d.KueueNamespace == "" {
+			d.KueueNamespace = "kueue-system"
+		}
+		if d.ResumeWindow < 0 {
+			return errors.New("dispatch.resumeWindow must not be negative")
+		}
 	}
 	switch {
 	case c.KubeAPI.QPS < 0 || c.KubeAPI.Burst < 0:

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	"github.com/flotilla-gitops/flotilla/gitsource"
@@ -70,6 +71,9 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return err
 	}
+	if err := kueue.AddToScheme(scheme); err != nil {
+		return err
+	}
 	c, err := client.New(rc, client.Options{Scheme: scheme})
 	if err != nil {
 		return fmt.Errorf("the hub cluster: %w", err)
@@ -101,7 +105,15 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	h, err := hub.New(hub.Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Tunnel: tun, Status: status, Log: log,
+	var disp *dispatchParts
+	var dispatcher hub.Dispatcher
+	if cfg.Dispatch.Listen != "" {
+		if disp, err = newDispatch(cfg, c, tun, status, log); err != nil {
+			return err
+		}
+		dispatcher = disp.dispatcher
+	}
+	h, err := hub.New(hub.Options{Client: c, Dispatch: dispatcher, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Tunnel: tun, Status: status, Log: log,
 		OnSync: m.observeSync, OnFetch: m.observeFetch, OnReconcile: m.observeReconcile,
 		Plans: plans, PublicURL: cfg.PublicURL, PlanTimeout: time.Duration(cfg.Plans.Timeout), PlanWorkers: cfg.Plans.Workers, MaxPlannedClusters: cfg.Plans.MaxRenderedClusters,
 		Budget: fleet.Budget{MaxBytes: cfg.Heads.MaxBytes, MaxFiles: cfg.Heads.MaxFiles, MaxDepth: cfg.Heads.MaxDepth}})
@@ -170,6 +182,12 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			}
 			tunErr <- ts.Serve(l)
 		}()
+		dispErr := make(chan error, 1)
+		if disp != nil {
+			// A new CA joins every kubeconfig before it signs the proxy's certificate.
+			disp.authority.OnTrustChange(func([]byte) { h.WakeDispatch() })
+			go func() { dispErr <- disp.serve(ctx, rc, scheme, log) }()
+		}
 		log.Info("serving", "tunnel", l.Addr().String(), "http", cfg.Listen.HTTP, "sources", len(sources))
 		for _, s := range sources {
 			go s.Run(ctx)
@@ -180,6 +198,10 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			return err
 		case err := <-httpErr:
 			return err
+		case err := <-dispErr:
+			if err != nil {
+				return err
+			}
 		}
 		_ = ts.Close()
 		tun.Close()

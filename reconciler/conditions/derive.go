@@ -7,6 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
@@ -33,11 +34,53 @@ func Derive(wc *v1alpha1.WorkerCluster) {
 				fmt.Sprintf("waiting for the agent to apply %s; it last applied %s", wc.Status.DesiredHash, wc.Status.AppliedHash))
 		}
 	}
-	ready, reason, msg := readiness(wc)
-	set(wc, v1alpha1.ConditionReady, ready, reason, msg)
-	// MultiKueue dispatch is not wired up yet: DispatchReady must never claim True.
-	set(wc, v1alpha1.ConditionDispatchReady, metav1.ConditionUnknown, v1alpha1.ReasonMultiKueueNotConfigured,
-		"the hub does not dispatch to this cluster through MultiKueue yet")
+	st, reason, msg := readiness(wc)
+	set(wc, v1alpha1.ConditionReady, st, reason, msg)
+	st, reason, msg = dispatchReadiness(wc)
+	set(wc, v1alpha1.ConditionDispatchReady, st, reason, msg)
+}
+
+// dispatchReadiness is DispatchReady's value: True only when the cluster is connected,
+// configured at the current generation, not cordoned, and Kueue judges its
+// MultiKueueCluster Active.
+func dispatchReadiness(wc *v1alpha1.WorkerCluster) (metav1.ConditionStatus, string, string) {
+	d := wc.Status.Dispatch
+	if d == nil {
+		return metav1.ConditionUnknown, v1alpha1.ReasonMultiKueueNotConfigured, "the hub does not dispatch through MultiKueue: it runs without its API proxy"
+	}
+	switch d.Placement {
+	case v1alpha1.PlacementDisabled:
+		return metav1.ConditionFalse, v1alpha1.ReasonDispatchDisabled, "fleet.yaml turns dispatch off (spec.dispatch.enabled: false): the cluster is configured, and no job is dispatched to it"
+	case v1alpha1.PlacementPoolFull:
+		return metav1.ConditionFalse, v1alpha1.ReasonPoolFull, fmt.Sprintf("dispatch pool %q already holds %d clusters, the most Kueue allows in one pool, registered before this one: declare pools in fleet.yaml (spec.dispatch.pools) so that every cluster has a place", d.Pool, v1alpha1.MaxPoolClusters)
+	case v1alpha1.PlacementDraining:
+		return metav1.ConditionFalse, v1alpha1.ReasonDraining, "the cluster left the fleet: no new work; waiting for the work placed on it to finish"
+	}
+	steps := []string{v1alpha1.ConditionConnected, v1alpha1.ConditionWorkerConfigured}
+	for _, typ := range steps {
+		if c := meta.FindStatusCondition(wc.Status.Conditions, typ); c == nil || c.Status != metav1.ConditionTrue {
+			r, m := v1alpha1.ReasonAwaitingConnection, "waiting for the agent to connect"
+			if c != nil {
+				r, m = c.Reason, c.Message
+			} else if typ == v1alpha1.ConditionWorkerConfigured {
+				r, m = v1alpha1.ReasonAwaitingApply, "waiting for the agent to apply the desired state"
+			}
+			return metav1.ConditionFalse, r, m
+		}
+	}
+	if a := wc.Status.Agent; a != nil && a.ProtocolVersion < protocol.ProxyVersion {
+		return metav1.ConditionFalse, v1alpha1.ReasonAgentTooOld, fmt.Sprintf("the agent speaks tunnel protocol %d; dispatch needs %d: upgrade the agent", a.ProtocolVersion, protocol.ProxyVersion)
+	}
+	if wc.Spec.Cordoned {
+		return metav1.ConditionFalse, v1alpha1.ReasonCordoned, "cordoned in Git: no new work is dispatched to it; running work continues"
+	}
+	switch a := d.Active; {
+	case a == nil:
+		return metav1.ConditionFalse, v1alpha1.ReasonAwaitingKueue, fmt.Sprintf("waiting for the hub's Kueue to reach the cluster (pool %q)", d.Pool)
+	case a.Status != metav1.ConditionTrue:
+		return metav1.ConditionFalse, a.Reason, "the hub's Kueue does not reach the cluster: " + a.Message
+	}
+	return metav1.ConditionTrue, v1alpha1.ReasonDispatchable, fmt.Sprintf("the hub's Kueue dispatches to this cluster (pool %q)", d.Pool)
 }
 
 // readiness is Ready's value: the first unmet condition, in the order a new cluster

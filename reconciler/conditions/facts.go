@@ -222,3 +222,40 @@ func set(wc *v1alpha1.WorkerCluster, typ string, s metav1.ConditionStatus, reaso
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+// Placed: the hub placed the cluster in the hub's Kueue (or could not, or does not
+// dispatch for its fleet).
+type Placed struct {
+	Pool      string
+	Placement v1alpha1.DispatchPlacement
+}
+
+func (f Placed) record(wc *v1alpha1.WorkerCluster) {
+	d := wc.Status.Dispatch
+	if d == nil {
+		d = &v1alpha1.DispatchStatus{}
+	}
+	d.Pool, d.Placement = f.Pool, f.Placement
+	if f.Placement != v1alpha1.PlacementMember && f.Placement != v1alpha1.PlacementDraining {
+		d.Active = nil // no MultiKueueCluster to judge
+	}
+	wc.Status.Dispatch = d
+}
+
+// KueueJudged: Kueue set the Active condition of the cluster's MultiKueueCluster; nil
+// Active means it has none (yet).
+type KueueJudged struct {
+	Active *v1alpha1.KueueCondition
+}
+
+func (f KueueJudged) record(wc *v1alpha1.WorkerCluster) {
+	if wc.Status.Dispatch == nil {
+		return // placed nowhere: nothing of Kueue's to carry
+	}
+	wc.Status.Dispatch.Active = f.Active.DeepCopy()
+}
+
+// NotDispatched: the hub does not dispatch to the cluster (it runs without a proxy).
+type NotDispatched struct{}
+
+func (NotDispatched) record(wc *v1alpha1.WorkerCluster) { wc.Status.Dispatch = nil }

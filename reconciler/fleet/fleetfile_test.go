@@ -98,7 +98,7 @@ func TestLoadRejectsInvalidFleetFile(t *testing.T) {
 			msg: "spec.workloadNamespaces: expected a list, got string"},
 		{name: "unknown decommission policy", data: replace("decommission: Prune", "decommission: Delete"), line: 23, col: 3,
 			msg: `spec.decommission "Delete" must be Prune or Keep`},
-		{name: "second document", data: template(t, fleet.FleetFile) + "---\nkind: Fleet\n", line: 24, col: 1,
+		{name: "second document", data: template(t, fleet.FleetFile) + "---\nkind: Fleet\n", line: strings.Count(template(t, fleet.FleetFile), "\n") + 1, col: 1,
 			msg: "file must hold a single YAML document; a second one starts here"},
 		{name: "invalid YAML", data: replace("tenant: example", "tenant: [example"), line: 8,
 			msg: "invalid YAML: did not find expected ',' or ']'"},

@@ -96,6 +96,7 @@ func loadFleetFile(fsys fs.FS, list *ErrorList) *v1alpha1.Fleet {
 		n := at("decommission")
 		e.at(n.Line, n.Column, "spec.decommission %q must be Prune or Keep", s.Decommission)
 	}
+	validateDispatch(s.Dispatch, at, e)
 	seen = map[string]bool{}
 	for i, r := range s.AllowedResidencies {
 		n := at("allowedResidencies", fmt.Sprintf("[%d]", i))
@@ -314,6 +315,11 @@ func validateWorkerCluster(f *Fleet, c *Cluster, root *yaml.Node, wc *v1alpha1.W
 	} else if f.Spec != nil && len(f.Spec.Spec.AllowedResidencies) > 0 && !slices.Contains(f.Spec.Spec.AllowedResidencies, s.Residency) {
 		n := at("spec", "residency")
 		e.at(n.Line, n.Column, "residency %q is not allowed in this fleet; fleet.yaml allows %s", s.Residency, strings.Join(f.Spec.Spec.AllowedResidencies, ", "))
+	} else if f.Spec != nil && f.Spec.Spec.DispatchEnabled() {
+		if _, err := PoolOf(&f.Spec.Spec, c.Name, s.Residency); err != nil {
+			n := at("spec", "residency")
+			e.at(n.Line, n.Column, "%s", err.Error())
+		}
 	}
 	switch p, ok := f.Presets[s.Preset]; {
 	case s.Preset == "":

@@ -69,6 +69,9 @@ type Options struct {
 	// Budget bounds what the hub reads of one head, of the branch or of a pull request;
 	// the zero value is fleet's default.
 	Budget fleet.Budget
+	// Dispatch keeps the tenants' Kueue objects on the hub, so that the hub's Kueue
+	// dispatches to the workers; nil when the hub runs without its API proxy.
+	Dispatch Dispatcher
 }
 
 // Tunnel is what the hub needs of the agents' tunnels (reconciler/tunnel's Server).
@@ -130,6 +133,16 @@ func (h *Hub) statusChanged(key client.ObjectKey) {
 	h.mu.Unlock()
 	if src != nil {
 		src.queue.Add(key.Name)
+	}
+}
+
+// WakeDispatch brings every tenant's Kueue objects on the hub up to date, e.g. when
+// the API proxy's trust bundle changed.
+func (h *Hub) WakeDispatch() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range h.sources {
+		s.wakeDispatch()
 	}
 }
 

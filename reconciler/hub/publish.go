@@ -37,7 +37,13 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], st)
 	s.mu.Lock()
 	s.states[name] = st.State
+	registered := wc.Status.Enrollment != nil
+	wake := s.registered[name] != registered
 	s.mu.Unlock()
+	if wake {
+		// A new registration joins the hub's Kueue.
+		s.wakeDispatch()
+	}
 	// Posted whether or not this cluster's state changed: the summary is derived from
 	// every cluster's current state on the current head, and the publisher posts it only
 	// when it reads differently from what the commit shows.

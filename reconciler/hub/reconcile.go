@@ -11,6 +11,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/reconciler/dispatch"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
@@ -32,6 +34,19 @@ func inputsDigest(f *fleet.Fleet, c *fleet.Cluster) string {
 		h.Write([]byte(name + "\x00" + f.Presets[name].Digest))
 	}
 	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// noteQuota keeps what the cluster offers its dispatch pool, for the pool's quota on
+// the hub.
+func (s *Source) noteQuota(f *fleet.Fleet, c *fleet.Cluster, objects []*unstructured.Unstructured) {
+	pool, err := fleet.PoolOf(&f.Spec.Spec, c.Name, c.Object.Spec.Residency)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil || !f.Spec.Spec.DispatchEnabled() {
+		delete(s.quotas, c.Name)
+		return
+	}
+	s.quotas[c.Name] = dispatch.QuotaOf(objects, pool)
 }
 
 // reconcileCluster validates, renders and enrolls one cluster of the head.
@@ -53,6 +68,9 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		return fail(c.Errors[0].Error())
 	}
 	res, err := s.hub.renderer.Render(f, c.Name)
+	if err == nil {
+		s.noteQuota(f, c, res.Objects)
+	}
 	if err != nil {
 		var list fleet.ErrorList
 		if errors.As(err, &list) && len(list) > 0 {

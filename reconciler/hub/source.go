@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	corev1 "k8s.io/api/core/v1"
 	"log/slog"
 	"sync"
 	"time"
@@ -82,6 +83,13 @@ type Source struct {
 	// a preset did not validate: nothing is decommissioned on a head whose policy
 	// cannot be read, so they wait for a head that validates.
 	waitingRemovals map[string]bool
+	// quotas are what each cluster's rendered ClusterQueue offers its dispatch pool.
+	quotas map[string]corev1.ResourceList
+	// registered says which clusters dispatch last saw registered: a registration
+	// wakes it.
+	registered map[string]bool
+	// dispatchWake wakes the dispatch worker.
+	dispatchWake chan struct{}
 }
 
 // AddSource follows a repository for a tenant.
@@ -102,7 +110,7 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 	s := &Source{hub: h, opts: opts, git: g, log: h.opts.Log.With("tenant", opts.Tenant, "repository", gitsource.RedactURL(opts.Git.URL)),
 		prefix: fleet.DefaultStatusContextPrefix, states: map[string]commitstatus.State{}, invalid: map[string]string{}, retry: map[string]bool{}, waitingRemovals: map[string]bool{}, pruneTimers: map[string]*time.Timer{},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
-		planWake: make(chan struct{}, 1)}
+		planWake: make(chan struct{}, 1), dispatchWake: make(chan struct{}, 1), quotas: map[string]corev1.ResourceList{}, registered: map[string]bool{}}
 	if opts.Statuses != nil {
 		s.publisher = commitstatus.NewPublisher(opts.Statuses, commitstatus.PublisherOptions{Log: s.log})
 	}
@@ -139,6 +147,7 @@ func (s *Source) Run(ctx context.Context) {
 		})
 	}
 	wg.Go(func() { s.runPlans(ctx) })
+	wg.Go(func() { s.runDispatch(ctx) })
 	s.poller.Run(ctx)
 	s.queue.ShutDown()
 	wg.Wait()

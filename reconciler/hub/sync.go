@@ -109,6 +109,7 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	_ = g.Wait()
 	s.setHead(snap.Commit, f, fleetErr)
 	s.publishFleet(ctx)
+	s.wakeDispatch()
 	if last.IsZero() {
 		time.AfterFunc(s.hub.opts.StaleAfter, func() {
 			if ctx.Err() == nil {

@@ -86,7 +86,7 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 			name:    "a pull request adding a cluster adds its objects",
 			files:   cluster("gpu-b", exampleAs("gpu-b")),
 			state:   commitstatus.Success,
-			summary: "+1 cluster, ~0, -0 · 6 objects changed",
+			summary: "+1 cluster, ~0, -0 · 7 objects changed",
 			check: func(t *testing.T, p *plan.Plan) {
 				c := only(t, p, "gpu-b", plan.Added)
 				for _, o := range c.Objects {
@@ -148,7 +148,7 @@ func TestComputePlansWhatMergingWouldChange(t *testing.T) {
 			name:    "a pull request removing a cluster removes its objects",
 			files:   map[string][]byte{clusterFile("gpu-a"): nil, "clusters/gpu-a/enrollment.sops.yaml": nil},
 			state:   commitstatus.Success,
-			summary: "+0 clusters, ~0, -1 · 4 objects changed",
+			summary: "+0 clusters, ~0, -1 · 5 objects changed",
 			check: func(t *testing.T, p *plan.Plan) {
 				c := only(t, p, "gpu-a", plan.Removed)
 				for _, o := range c.Objects {
@@ -361,8 +361,8 @@ func TestComputeRendersAtMostMaxRenderedClustersAndSummarizesTheRest(t *testing.
 		t.Fatal(err)
 	}
 	total := limit + extra + 1 // and the example cluster
-	if want := (plan.Counts{Changed: limit, Objects: 2 * limit, Summarized: total - limit}); p.Counts != want {
-		t.Fatalf("counts %+v, want %+v: %d clusters rendered with a Namespace and a LocalQueue each, the rest summarized", p.Counts, want, limit)
+	if want := (plan.Counts{Changed: limit, Objects: 3 * limit, Summarized: total - limit}); p.Counts != want {
+		t.Fatalf("counts %+v, want %+v: %d clusters rendered with a Namespace, a LocalQueue and the dispatch pool's LocalQueue each, the rest summarized", p.Counts, want, limit)
 	}
 	if p.State() != commitstatus.Success {
 		t.Errorf("a partial plan is %s, want success", p.State())
@@ -376,14 +376,14 @@ func TestComputeRendersAtMostMaxRenderedClustersAndSummarizesTheRest(t *testing.
 			}
 			continue
 		}
-		if len(c.Objects) != 2 || !strings.Contains(c.Diff(), "+  name: ml-eval\n") {
+		if len(c.Objects) != 3 || !strings.Contains(c.Diff(), "+  name: ml-eval\n") {
 			t.Errorf("%s's diff does not add the namespace:\n%s", c.Name, c.Diff())
 		}
 	}
 	if summarized != total-limit || len(p.Clusters) != total {
 		t.Errorf("%d of %d clusters summarized, want %d of %d", summarized, len(p.Clusters), total-limit, total)
 	}
-	want := fmt.Sprintf("+0 clusters, ~%d, -0 · %d objects changed · %d more clusters not rendered (a plan renders %d)", limit, 2*limit, total-limit, limit)
+	want := fmt.Sprintf("+0 clusters, ~%d, -0 · %d objects changed · %d more clusters not rendered (a plan renders %d)", limit, 3*limit, total-limit, limit)
 	if p.Summary() != want {
 		t.Errorf("summary %q, want %q", p.Summary(), want)
 	}

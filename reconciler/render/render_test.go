@@ -169,7 +169,10 @@ func TestRenderPlacesQueuesAndNamespaces(t *testing.T) {
 		"ProvisioningRequestConfig//dws-config",
 		"AdmissionCheck//dws-prov",
 		"ClusterQueue//cluster-queue",
+		// The dispatch pool's queue, named as on the hub, beside the preset's.
+		"LocalQueue/ml-inference/us",
 		"LocalQueue/ml-inference/user-queue",
+		"LocalQueue/ml-training/us",
 		"LocalQueue/ml-training/user-queue",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

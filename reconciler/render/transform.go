@@ -32,6 +32,26 @@ var kindOrder = func() map[schema.GroupKind]int {
 	return m
 }()
 
+// poolQueue is the LocalQueue named after the cluster's dispatch pool, when the fleet
+// dispatches and the preset has none of that name: MultiKueue creates a job on the
+// worker under the name of the hub's LocalQueue it was submitted to, which is the
+// pool's. It feeds the ClusterQueue of the preset's first LocalQueue.
+func poolQueue(f *fleet.Fleet, c *fleet.Cluster, queues []*unstructured.Unstructured) *unstructured.Unstructured {
+	if !f.Spec.Spec.DispatchEnabled() || len(queues) == 0 {
+		return nil
+	}
+	pool, err := fleet.PoolOf(&f.Spec.Spec, c.Name, c.Object.Spec.Residency)
+	if err != nil || slices.ContainsFunc(queues, func(q *unstructured.Unstructured) bool { return q.GetName() == pool }) {
+		return nil
+	}
+	cq, _, _ := unstructured.NestedString(queues[0].Object, "spec", "clusterQueue")
+	lq := &unstructured.Unstructured{}
+	lq.SetGroupVersionKind(kueue.GroupVersion.WithKind("LocalQueue"))
+	lq.SetName(pool)
+	_ = unstructured.SetNestedField(lq.Object, cq, "spec", "clusterQueue")
+	return lq
+}
+
 // transform applies what flotilla adds to kustomize's output. objs is owned by the
 // caller and modified in place.
 func transform(f *fleet.Fleet, c *fleet.Cluster, identity string, objs []map[string]any) ([]*unstructured.Unstructured, fleet.ErrorList) {
@@ -102,6 +122,9 @@ func transform(f *fleet.Fleet, c *fleet.Cluster, identity string, objs []map[str
 	}
 	if len(errs) > 0 {
 		return nil, errs
+	}
+	if lq := poolQueue(f, c, queues); lq != nil {
+		queues = append(queues, lq)
 	}
 
 	for _, ns := range f.Spec.Spec.WorkloadNamespaces {

@@ -4,6 +4,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// MaxPoolClusters is the most clusters a dispatch pool may hold: Kueue allows at most
+// 20 in one MultiKueueConfig.
+const MaxPoolClusters = 20
+
 // FleetSpec is what fleet.yaml declares for every cluster of a tenant.
 type FleetSpec struct {
 	// Tenant owns the fleet. Worker names are unique inside a tenant, and the tenant is
@@ -50,6 +54,62 @@ type FleetSpec struct {
 	// +kubebuilder:validation:Enum=Prune;Keep
 	// +optional
 	Decommission DecommissionPolicy `json:"decommission,omitempty"`
+
+	// Dispatch is how the hub's Kueue dispatches jobs to the fleet's workers.
+	// +optional
+	Dispatch *DispatchSpec `json:"dispatch,omitempty"`
+}
+
+// DispatchSpec configures dispatch from the hub (Kueue's MultiKueue) to the workers.
+type DispatchSpec struct {
+	// Enabled turns dispatch on; it is on unless set to false. A fleet whose team only
+	// wants its workers configured turns it off: then a cluster is done when it is
+	// configured, and DispatchReady says DispatchDisabled.
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+
+	// Pools group the workers. A job submitted to a pool's LocalQueue on the hub runs
+	// only on that pool's clusters. Without pools there is one per residency, named
+	// after it, so a job never leaves its residency. A pool holds at most 20 clusters
+	// (Kueue's limit for one MultiKueueConfig); the clusters over it, the ones
+	// registered last, are not dispatchable until pools are declared.
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=100
+	// +optional
+	Pools []DispatchPool `json:"pools,omitempty"`
+
+	// DrainGracePeriod bounds how long a removed cluster keeps its place in the hub's
+	// Kueue while work placed on it runs. Default one hour.
+	// +optional
+	DrainGracePeriod *metav1.Duration `json:"drainGracePeriod,omitempty"`
+}
+
+// DispatchPool is a group of workers behind one hub ClusterQueue.
+type DispatchPool struct {
+	// Name of the pool: the hub LocalQueue's name, and with the tenant the names of the
+	// hub's ClusterQueue, AdmissionCheck and MultiKueueConfig.
+	// +kubebuilder:validation:MaxLength=40
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// Residency of every cluster in the pool: a job of the pool never leaves it.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Residency string `json:"residency"`
+
+	// Clusters are the worker names in the pool, at most 20. A cluster is in at most
+	// one pool. A cluster that no pool names is in the pool named after its residency:
+	// a declared one of that name and residency, or one made for it.
+	// +kubebuilder:validation:MaxItems=20
+	// +listType=set
+	// +optional
+	Clusters []string `json:"clusters,omitempty"`
+}
+
+// DispatchEnabled reports whether the fleet dispatches: unless it says not to.
+func (s *FleetSpec) DispatchEnabled() bool {
+	return s.Dispatch == nil || s.Dispatch.Enabled == nil || *s.Dispatch.Enabled
 }
 
 // DecommissionPolicy says what happens on a worker whose cluster leaves the fleet.

@@ -9,6 +9,9 @@ const (
 	ManagedByValue = "flotilla"
 	// WorkerClusterLabel carries the identity of the WorkerCluster that owns an object.
 	WorkerClusterLabel = "flotilla.dev/worker-cluster"
+	// TenantLabel carries the tenant that owns an object on the hub: its dispatch
+	// objects, and the hub namespaces where its jobs are submitted.
+	TenantLabel = "flotilla.dev/tenant"
 
 	// ApplyAnnotation set to ApplyIfNotPresent makes the agent create the object when it
 	// is missing and otherwise leave it alone (workload namespaces belong to the users

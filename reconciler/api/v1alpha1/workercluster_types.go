@@ -57,6 +57,24 @@ const (
 	// ReasonMultiKueueNotConfigured (DispatchReady Unknown): the hub does not dispatch to
 	// the cluster yet.
 	ReasonMultiKueueNotConfigured = "MultiKueueNotConfigured"
+	// ReasonDispatchable (DispatchReady True): Kueue's MultiKueue dispatches to the
+	// cluster.
+	ReasonDispatchable = "Dispatchable"
+	// ReasonDispatchDisabled (DispatchReady False): fleet.yaml turns dispatch off.
+	ReasonDispatchDisabled = "DispatchDisabled"
+	// ReasonPoolFull (DispatchReady False): the cluster's pool already holds as many
+	// clusters as Kueue allows; it was registered after them.
+	ReasonPoolFull = "PoolFull"
+	// ReasonCordoned (DispatchReady False): Git cordons the cluster; its work runs on.
+	ReasonCordoned = "Cordoned"
+	// ReasonAgentTooOld (DispatchReady False): the agent speaks no API proxy.
+	ReasonAgentTooOld = "AgentTooOld"
+	// ReasonAwaitingKueue (DispatchReady False): the hub's Kueue has not yet judged the
+	// cluster's MultiKueueCluster.
+	ReasonAwaitingKueue = "AwaitingKueue"
+	// ReasonDraining (DispatchReady False): the cluster left the fleet and waits for the
+	// work placed on it to finish before it is pruned.
+	ReasonDraining = "Draining"
 )
 
 // Annotations the hub keeps on a WorkerCluster.
@@ -180,6 +198,45 @@ type GPUTotal struct {
 	Nodes   int32  `json:"nodes"`
 }
 
+// DispatchPlacement says whether a cluster is in its pool's MultiKueueConfig.
+// +kubebuilder:validation:Enum=Member;PoolFull;Disabled;Draining
+type DispatchPlacement string
+
+const (
+	// PlacementMember: the cluster is in its pool's MultiKueueConfig.
+	PlacementMember DispatchPlacement = "Member"
+	// PlacementPoolFull: the pool holds Kueue's most clusters already.
+	PlacementPoolFull DispatchPlacement = "PoolFull"
+	// PlacementDisabled: the fleet does not dispatch.
+	PlacementDisabled DispatchPlacement = "Disabled"
+	// PlacementDraining: the cluster left the fleet; it stays a member, cordoned, until
+	// the work placed on it is done.
+	PlacementDraining DispatchPlacement = "Draining"
+)
+
+// DispatchStatus is a cluster's place in the hub's Kueue.
+type DispatchStatus struct {
+	// Pool is the dispatch pool Git puts the cluster in.
+	// +optional
+	Pool string `json:"pool,omitempty"`
+	// Placement says whether the cluster is in its pool's MultiKueueConfig.
+	// +optional
+	Placement DispatchPlacement `json:"placement,omitempty"`
+	// Active is the Active condition of the cluster's MultiKueueCluster as Kueue judges
+	// it: whether Kueue reaches the worker.
+	// +optional
+	Active *KueueCondition `json:"active,omitempty"`
+}
+
+// KueueCondition is a condition Kueue set, carried over.
+type KueueCondition struct {
+	Status metav1.ConditionStatus `json:"status"`
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
 // WorkerClusterStatus is what the hub last learnt from the cluster's agent.
 type WorkerClusterStatus struct {
 	// ObservedGeneration is the metadata.generation the status was computed for.
@@ -216,6 +273,11 @@ type WorkerClusterStatus struct {
 	// UnavailableGPUNodes counts GPU nodes that are not Ready or are cordoned.
 	// +optional
 	UnavailableGPUNodes int32 `json:"unavailableGPUNodes,omitempty"`
+
+	// Dispatch is the cluster's place in the hub's Kueue, as the hub last recorded it;
+	// unset while the hub does not dispatch.
+	// +optional
+	Dispatch *DispatchStatus `json:"dispatch,omitempty"`
 
 	// Conditions are Registered, Connected, WorkerConfigured and DispatchReady.
 	// +listType=map

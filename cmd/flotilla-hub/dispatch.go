@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/reconciler/dispatch"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
+	"github.com/flotilla-gitops/flotilla/secrets/servingca"
+)
+
+// dispatchParts are what dispatch adds to the hub: the API proxy's server and CA, and
+// the dispatcher of the tenants' Kueue objects.
+type dispatchParts struct {
+	authority  *servingca.Authority
+	dispatcher *dispatch.Dispatcher
+	server     *http.Server
+}
+
+// newDispatch makes the proxy's CA, the proxy and the dispatcher; serve loads or
+// creates the CA, on the leader.
+func newDispatch(cfg *Config, c client.Client, tun *tunnel.Server, status *conditions.Writer, log *slog.Logger) (*dispatchParts, error) {
+	d := cfg.Dispatch
+	u, _ := url.Parse(d.URL) // checked with the configuration
+	authority, err := servingca.New(servingca.Options{Client: c, Secret: types.NamespacedName{Namespace: d.Namespace, Name: d.CASecret},
+		Hosts: []string{u.Hostname()}, Labels: map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue}, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	dispatcher, err := dispatch.New(dispatch.Options{Client: c, Tokens: tun, ProxyURL: d.URL, ProxyPath: tunnel.ProxyURL,
+		Trust: authority.Bundle, KueueNamespace: d.KueueNamespace, Status: status, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	proxy := tunnel.NewProxy(tun, tunnel.ProxyOptions{ResumeWindow: time.Duration(d.ResumeWindow), Log: log})
+	// A watch through the proxy lasts as long as Kueue keeps it: no write or idle
+	// timeout; only the request's header is bounded.
+	server := &http.Server{Addr: d.Listen, Handler: proxy, ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: authority.GetCertificate}}
+	return &dispatchParts{authority: authority, dispatcher: dispatcher, server: server}, nil
+}
+
+// serve runs the proxy, the CA's rotation and the watch of Kueue's judgements until ctx
+// ends or the listener fails.
+func (p *dispatchParts) serve(ctx context.Context, rc *rest.Config, scheme *runtime.Scheme, log *slog.Logger) error {
+	if err := p.authority.Reconcile(ctx); err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", p.server.Addr)
+	if err != nil {
+		return fmt.Errorf("the API proxy's listener: %w", err)
+	}
+	if err := p.watchKueue(ctx, rc, scheme, log); err != nil {
+		_ = l.Close()
+		return err
+	}
+	go p.authority.Run(ctx, time.Hour)
+	errc := make(chan error, 1)
+	go func() { errc <- p.server.ServeTLS(l, "", "") }()
+	log.Info("serving the API proxy", "address", l.Addr().String())
+	select {
+	case <-ctx.Done():
+		_ = p.server.Close()
+		return nil
+	case err := <-errc:
+		return fmt.Errorf("the API proxy: %w", err)
+	}
+}
+
+// watchKueue carries every change of the MultiKueueClusters flotilla made over to
+// their WorkerClusters.
+func (p *dispatchParts) watchKueue(ctx context.Context, rc *rest.Config, scheme *runtime.Scheme, log *slog.Logger) error {
+	c, err := cache.New(rc, cache.Options{Scheme: scheme,
+		ByObject:         map[client.Object]cache.ByObject{&kueue.MultiKueueCluster{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue})}},
+		DefaultTransform: cache.TransformStripManagedFields()})
+	if err != nil {
+		return fmt.Errorf("watching MultiKueueClusters: %w", err)
+	}
+	inf, err := c.GetInformer(ctx, &kueue.MultiKueueCluster{})
+	if err != nil {
+		return fmt.Errorf("watching MultiKueueClusters (is Kueue installed on the hub?): %w", err)
+	}
+	judge := func(obj any) {
+		if mc, ok := obj.(*kueue.MultiKueueCluster); ok {
+			if err := p.dispatcher.Judged(ctx, mc); err != nil && ctx.Err() == nil {
+				log.Error("recording Kueue's judgement of a worker", "multiKueueCluster", mc.Name, "error", err)
+			}
+		}
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: judge, UpdateFunc: func(_, n any) { judge(n) }}); err != nil {
+		return err
+	}
+	go func() { _ = c.Start(ctx) }()
+	return nil
+}

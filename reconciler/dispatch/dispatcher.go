@@ -1,0 +1,279 @@
+package dispatch
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
+	"github.com/flotilla-gitops/flotilla/agent/apply"
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/secrets"
+)
+
+// FieldManager owns what dispatch writes on the hub cluster.
+const FieldManager = "flotilla-hub-dispatch"
+
+// DefaultKueueNamespace is where the hub's Kueue runs and reads kubeconfig Secrets.
+const DefaultKueueNamespace = "kueue-system"
+
+// Tokens issues and checks the API proxy's bearer tokens (reconciler/tunnel's Server).
+type Tokens interface {
+	IssueProxyToken(ctx context.Context, wc *v1alpha1.WorkerCluster) (secrets.Token, error)
+	ProxyTokenValid(ctx context.Context, wc *v1alpha1.WorkerCluster, token string) (bool, error)
+}
+
+// Options configure a Dispatcher.
+type Options struct {
+	// Client writes the hub's Kueue objects.
+	Client client.Client
+	Tokens Tokens
+	// ProxyURL is the API proxy as Kueue reaches it: https://host:port.
+	ProxyURL string
+	// ProxyPath is the server URL of an identity's worker behind ProxyURL.
+	ProxyPath func(base, identity string) string
+	// Trust is the CA bundle that verifies the proxy's certificate.
+	Trust func() []byte
+	// KueueNamespace is the hub Kueue's namespace. Default kueue-system.
+	KueueNamespace string
+	// Status records placements and Kueue's judgements.
+	Status *conditions.Writer
+	Log    *slog.Logger
+}
+
+// Dispatcher keeps the hub's Kueue objects of every tenant.
+type Dispatcher struct {
+	opts Options
+
+	mu       sync.Mutex
+	appliers map[string]*apply.Applier   // by tenant
+	keys     map[string]client.ObjectKey // WorkerCluster by identity
+}
+
+// New checks the options.
+func New(opts Options) (*Dispatcher, error) {
+	if opts.Client == nil || opts.Tokens == nil || opts.ProxyURL == "" || opts.ProxyPath == nil || opts.Trust == nil || opts.Status == nil {
+		return nil, errors.New("dispatch: a client, tokens, the proxy's URL and paths, its trust bundle and a status writer are required")
+	}
+	if opts.KueueNamespace == "" {
+		opts.KueueNamespace = DefaultKueueNamespace
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Dispatcher{opts: opts, appliers: map[string]*apply.Applier{}, keys: map[string]client.ObjectKey{}}, nil
+}
+
+// WorkerOf is the dispatch view of a WorkerCluster.
+func WorkerOf(wc *v1alpha1.WorkerCluster, pool string, quota corev1.ResourceList, draining bool) Worker {
+	w := Worker{Key: wc.Namespace + "/" + wc.Name, Identity: wc.Labels[v1alpha1.WorkerClusterLabel], Pool: pool,
+		Cordoned: wc.Spec.Cordoned || draining, Draining: draining, Quota: quota}
+	if e := wc.Status.Enrollment; e != nil {
+		w.Registered = e.RedeemedAt.Time
+	}
+	return w
+}
+
+// Sync brings the tenant's hub objects to what t says and records where each of its
+// registered workers stands. wcs are the tenant's WorkerClusters by identity.
+func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha1.WorkerCluster) error {
+	ap, err := d.applier(t.Name)
+	if err != nil {
+		return err
+	}
+	mine, err := d.hubNamespaces(ctx, t)
+	if err != nil {
+		return err
+	}
+	layout := Build(t, mine)
+	var objs []*unstructured.Unstructured
+	var errs []error
+	for _, w := range layout.Members {
+		sec, err := d.kubeConfigSecret(ctx, t.Name, wcs[w.Identity])
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		objs = append(objs, sec)
+	}
+	objs = append(objs, layout.Objects...)
+	ds := protocol.DesiredState{}
+	for _, o := range objs {
+		raw, err := json.Marshal(o.Object)
+		if err != nil {
+			return err
+		}
+		ds.Objects = append(ds.Objects, raw)
+	}
+	if len(errs) > 0 {
+		// A Secret that could not be written is still asked for: without it in the
+		// desired state the applier would prune the one Kueue uses now.
+		return fmt.Errorf("tenant %s: %w", t.Name, errors.Join(errs...))
+	}
+	res := ap.Apply(ctx, ds)
+	for _, r := range res.Results {
+		if r.Action == protocol.ActionRefused || r.Action == protocol.ActionFailed {
+			errs = append(errs, fmt.Errorf("%s %s/%s: %s", r.Kind, r.Namespace, r.Name, r.Message))
+		}
+	}
+	if res.Error != "" {
+		errs = append(errs, errors.New(res.Error))
+	}
+	d.mu.Lock()
+	for id, wc := range wcs {
+		d.keys[id] = client.ObjectKeyFromObject(wc)
+	}
+	d.mu.Unlock()
+	for id, placement := range layout.Placement {
+		wc := wcs[id]
+		if wc == nil {
+			continue
+		}
+		pool := ""
+		for _, w := range t.Workers {
+			if w.Identity == id {
+				pool = w.Pool
+			}
+		}
+		if cur := wc.Status.Dispatch; cur != nil && cur.Pool == pool && cur.Placement == placement {
+			continue
+		}
+		if _, err := d.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), conditions.Placed{Pool: pool, Placement: placement}); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	// Kueue may have judged a new MultiKueueCluster before this Sync knew its identity.
+	for _, w := range layout.Members {
+		var mc kueue.MultiKueueCluster
+		if err := d.opts.Client.Get(ctx, client.ObjectKey{Name: w.Identity}, &mc); err == nil {
+			if err := d.Judged(ctx, &mc); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("tenant %s: %w", t.Name, errors.Join(errs...))
+	}
+	return nil
+}
+
+func (d *Dispatcher) applier(tenant string) (*apply.Applier, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ap := d.appliers[tenant]; ap != nil {
+		return ap, nil
+	}
+	ap, err := apply.New(apply.Options{Client: d.opts.Client, Identity: tenant, OwnerLabel: v1alpha1.TenantLabel, FieldManager: FieldManager,
+		PruneKinds: []schema.GroupVersionKind{
+			corev1.SchemeGroupVersion.WithKind("Secret"),
+			kueue.GroupVersion.WithKind("MultiKueueConfig"),
+			kueue.GroupVersion.WithKind("MultiKueueCluster"),
+		},
+		Log: d.opts.Log.With("tenant", tenant)})
+	if err != nil {
+		return nil, err
+	}
+	d.appliers[tenant] = ap
+	return ap, nil
+}
+
+// hubNamespaces says which of the tenant's workload namespaces it may queue in on the
+// hub: those it owns, and those that do not exist yet (it creates them as its own).
+func (d *Dispatcher) hubNamespaces(ctx context.Context, t Tenant) (map[string]bool, error) {
+	mine := map[string]bool{}
+	for _, name := range t.WorkloadNamespaces {
+		var ns corev1.Namespace
+		err := d.opts.Client.Get(ctx, client.ObjectKey{Name: name}, &ns)
+		switch {
+		case apierrors.IsNotFound(err):
+			mine[name] = true
+		case err != nil:
+			return nil, fmt.Errorf("reading hub namespace %s: %w", name, err)
+		case ns.Labels[v1alpha1.TenantLabel] == t.Name:
+			mine[name] = true
+		default:
+			d.opts.Log.Warn("a workload namespace on the hub is not the tenant's: no LocalQueue of the tenant is placed in it",
+				"tenant", t.Name, "namespace", name, "owner", ns.Labels[v1alpha1.TenantLabel],
+				"fix", fmt.Sprintf("label it %s=%s if it is this tenant's", v1alpha1.TenantLabel, t.Name))
+		}
+	}
+	return mine, nil
+}
+
+// kubeConfigSecret is the kubeconfig Secret of wc's MultiKueueCluster. The token in
+// the Secret Kueue reads now is kept while it is valid; a new one is issued otherwise.
+func (d *Dispatcher) kubeConfigSecret(ctx context.Context, tenant string, wc *v1alpha1.WorkerCluster) (*unstructured.Unstructured, error) {
+	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
+	name := KubeConfigSecretName(identity)
+	server := d.opts.ProxyPath(d.opts.ProxyURL, identity)
+	trust := d.opts.Trust()
+	var cur corev1.Secret
+	err := d.opts.Client.Get(ctx, client.ObjectKey{Namespace: d.opts.KueueNamespace, Name: name}, &cur)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("reading Secret %s/%s: %w", d.opts.KueueNamespace, name, err)
+	}
+	token, _, _ := tokenOf(cur.Data[KubeConfigKey])
+	valid := false
+	if token != "" {
+		if valid, err = d.opts.Tokens.ProxyTokenValid(ctx, wc, token); err != nil {
+			return nil, err
+		}
+	}
+	if !valid {
+		tok, err := d.opts.Tokens.IssueProxyToken(ctx, wc)
+		if err != nil {
+			return nil, err
+		}
+		token = tok.Reveal()
+	}
+	data := cur.Data[KubeConfigKey]
+	if t, ca, srv := tokenOf(data); t != token || !bytes.Equal(ca, trust) || srv != server {
+		if data, err = kubeConfig(server, trust, token); err != nil {
+			return nil, err
+		}
+	}
+	sec := &corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: d.opts.KueueNamespace, Name: name}, Type: corev1.SecretTypeOpaque,
+		Data: map[string][]byte{KubeConfigKey: data}}
+	u := owned(tenant, sec)
+	l := u.GetLabels()
+	l[v1alpha1.WorkerClusterLabel] = identity
+	u.SetLabels(l)
+	return u, nil
+}
+
+// Judged carries Kueue's judgement of a MultiKueueCluster over to its WorkerCluster.
+// Call it for every change of a MultiKueueCluster the hub sees.
+func (d *Dispatcher) Judged(ctx context.Context, mc *kueue.MultiKueueCluster) error {
+	identity := mc.Labels[v1alpha1.WorkerClusterLabel]
+	d.mu.Lock()
+	key, ok := d.keys[identity]
+	d.mu.Unlock()
+	if !ok || mc.Labels[v1alpha1.ManagedByLabel] != v1alpha1.ManagedByValue {
+		return nil
+	}
+	var active *v1alpha1.KueueCondition
+	for _, c := range mc.Status.Conditions {
+		if c.Type == kueue.MultiKueueClusterActive {
+			active = &v1alpha1.KueueCondition{Status: c.Status, Reason: c.Reason, Message: c.Message}
+		}
+	}
+	_, err := d.opts.Status.Record(ctx, key, conditions.KueueJudged{Active: active})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,82 @@
+package hub
+
+import (
+	"context"
+	"time"
+
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/dispatch"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+)
+
+// Dispatcher keeps a tenant's Kueue objects on the hub (reconciler/dispatch).
+type Dispatcher interface {
+	Sync(ctx context.Context, t dispatch.Tenant, wcs map[string]*v1alpha1.WorkerCluster) error
+}
+
+// dispatchResync is how often a tenant's hub Kueue objects are applied again without
+// a change, reverting hand edits.
+const dispatchResync = 5 * time.Minute
+
+// wakeDispatch asks for the tenant's hub Kueue objects to be brought up to date.
+func (s *Source) wakeDispatch() {
+	select {
+	case s.dispatchWake <- struct{}{}:
+	default:
+	}
+}
+
+// runDispatch syncs the tenant's hub Kueue objects on every wake and resync, until
+// ctx ends. It runs apart from the branch sync: Kueue's objects never hold up a head.
+func (s *Source) runDispatch(ctx context.Context) {
+	if s.hub.opts.Dispatch == nil {
+		return
+	}
+	t := time.NewTicker(dispatchResync)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.dispatchWake:
+		case <-t.C:
+		}
+		if err := s.syncDispatch(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("keeping the hub's Kueue objects", "error", err)
+			time.AfterFunc(10*time.Second, s.wakeDispatch)
+		}
+	}
+}
+
+// syncDispatch hands the last head's clusters, as registered, to the dispatcher.
+func (s *Source) syncDispatch(ctx context.Context) error {
+	s.mu.Lock()
+	f, fleetErr := s.fleet, s.fleetError
+	s.mu.Unlock()
+	// Nothing changes in the hub's Kueue on a head whose fleet.yaml does not validate.
+	if f == nil || f.Spec == nil || fleetErr != "" {
+		return nil
+	}
+	existing, err := s.workerClusters(ctx)
+	if err != nil {
+		return err
+	}
+	spec := &f.Spec.Spec
+	t := dispatch.Tenant{Name: s.opts.Tenant, Enabled: spec.DispatchEnabled(), WorkloadNamespaces: spec.WorkloadNamespaces}
+	wcs := map[string]*v1alpha1.WorkerCluster{}
+	s.mu.Lock()
+	for name, wc := range existing {
+		if wc.Annotations[v1alpha1.DecommissionAnnotation] != "" {
+			continue
+		}
+		pool, err := fleet.PoolOf(spec, name, wc.Spec.Residency)
+		if err != nil {
+			continue // the cluster's commit says why
+		}
+		t.Workers = append(t.Workers, dispatch.WorkerOf(wc, pool, s.quotas[name], false))
+		wcs[wc.Labels[v1alpha1.WorkerClusterLabel]] = wc
+		s.registered[name] = wc.Status.Enrollment != nil
+	}
+	s.mu.Unlock()
+	return s.hub.opts.Dispatch.Sync(ctx, t, wcs)
+}
