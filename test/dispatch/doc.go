@@ -1,0 +1,29 @@
+// Package dispatch proves, end to end with real parts, that a job submitted on the hub
+// runs on a worker of its pool through the agents' tunnels: three control planes (the
+// hub, a worker in the eu residency and one in us), the real Kueue manager on each (the
+// hub's with dispatch.HubKueueConfiguration, the workers' with
+// dispatch.WorkerKueueConfiguration), the hub in-process (fleet repository on a real git
+// server, tunnel, API proxy over TLS from the hub's serving CA, dispatcher, the
+// MultiKueueCluster informer that carries Kueue's judgement over) and one agent per
+// worker, whose API proxy runs as the worker's agent ServiceAccount under exactly the
+// chart's dispatch RBAC.
+//
+// What the tests prove, as a user sees it:
+//   - both clusters turn DispatchReady (Dispatchable) and their commits say so, and the
+//     hub's Kueue objects exist with the workers' quotas;
+//   - a Job submitted on the hub to the eu pool runs on the eu worker only, and its
+//     completion reaches the hub; a us job lands on us only;
+//   - a cordon keeps a running job running (same UID on the worker, not evicted) while
+//     the next job of the pool waits on the hub instead of going anywhere else;
+//   - a tunnel cut and redial within the proxy's resume window keeps a job admitted
+//     longer ago than the hub's workerLostTimeout, and DispatchReady returns;
+//   - the proxy refuses what MultiKueue does not need (Secrets, ConfigMaps, pods/exec,
+//     another worker's path) with the worker's own token, and refuses a wrong or another
+//     worker's token without saying why.
+//
+// No kubelet runs here: the tests play the worker's nodes by writing the worker Job's
+// status (test/dispatchtest) and say so where they do.
+//
+// The benchmarks measure submit-on-hub to Job-created-on-worker latency and the API
+// proxy's overhead against the worker's API server, side by side.
+package dispatch
