@@ -32,7 +32,8 @@ func TestAgentDoesNotLinkTheHubsSecrets(t *testing.T) {
 // The hub's rooms: the agent links nothing of the hub; the status owner, the fleet
 // model, rendering and plans know nothing of the tunnel, so that reading a repository
 // or judging a status never depends on how agents are reached; the hub's reconciler
-// reaches the tunnel through an interface, and cmd/flotilla-hub joins the two; Git
+// reaches the tunnel through an interface, and cmd/flotilla-hub joins the two, as it
+// joins dispatch to the tunnel's proxy tokens; Git
 // knows nothing of the fleet's layout.
 func TestImportBoundaries(t *testing.T) {
 	const module = "github.com/flotilla-gitops/flotilla/"
@@ -43,7 +44,8 @@ func TestImportBoundaries(t *testing.T) {
 		// The API types and their labels are the agent's and the hub's common language;
 		// nothing else of the hub is.
 		{".", []string{module + "reconciler/hub", module + "reconciler/tunnel", module + "reconciler/fleet",
-			module + "reconciler/render", module + "reconciler/plan", module + "reconciler/conditions", module + "gitsource"}},
+			module + "reconciler/render", module + "reconciler/plan", module + "reconciler/conditions", module + "reconciler/dispatch",
+			module + "secrets", module + "gitsource"}},
 		{module + "reconciler/conditions", []string{module + "reconciler/tunnel", module + "reconciler/hub"}},
 		{module + "reconciler/hub", []string{module + "reconciler/tunnel"}},
 		{module + "reconciler/tunnel", []string{module + "reconciler/hub"}},
@@ -51,6 +53,9 @@ func TestImportBoundaries(t *testing.T) {
 		{module + "reconciler/fleet", []string{module + "reconciler/tunnel", module + "reconciler/hub"}},
 		{module + "reconciler/render", []string{module + "reconciler/tunnel", module + "reconciler/hub"}},
 		{module + "reconciler/plan", []string{module + "reconciler/tunnel", module + "reconciler/hub"}},
+		// The hub's Kueue objects are laid out from Git and registrations; tokens come
+		// through an interface.
+		{module + "reconciler/dispatch", []string{module + "reconciler/tunnel", module + "reconciler/hub"}},
 	}
 	// One go list for all: each call loads the module graph anew.
 	args := []string{"list", "-deps", "-f", "{{.ImportPath}}: {{join .Deps \" \"}}"}

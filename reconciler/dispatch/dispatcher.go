@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -253,6 +254,27 @@ func (d *Dispatcher) kubeConfigSecret(ctx context.Context, tenant string, wc *v1
 	l[v1alpha1.WorkerClusterLabel] = identity
 	u.SetLabels(l)
 	return u, nil
+}
+
+// PlacedOn counts the workloads in the hub's namespaces that Kueue placed on the
+// identity's worker and that have not finished: what a removed cluster's drain waits
+// for.
+func (d *Dispatcher) PlacedOn(ctx context.Context, namespaces []string, identity string) (int, error) {
+	n := 0
+	for _, ns := range namespaces {
+		var list kueue.WorkloadList
+		if err := d.opts.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return 0, fmt.Errorf("listing the workloads of hub namespace %s: %w", ns, err)
+		}
+		for i := range list.Items {
+			w := &list.Items[i]
+			if w.Status.ClusterName == nil || *w.Status.ClusterName != identity || meta.IsStatusConditionTrue(w.Status.Conditions, kueue.WorkloadFinished) {
+				continue
+			}
+			n++
+		}
+	}
+	return n, nil
 }
 
 // Judged carries Kueue's judgement of a MultiKueueCluster over to its WorkerCluster.

@@ -18,8 +18,12 @@ func decommissionHash(wc *v1alpha1.WorkerCluster) string { return "decommission:
 
 // decommission asks the agent to prune what it owns; the WorkerCluster goes once it
 // reports done, or when the agent does not come back within StaleAfter. Under the
-// Keep policy nothing on the worker changes: the agent is only revoked.
+// Keep policy nothing on the worker changes: the agent is only revoked. A cluster the
+// hub dispatches to drains first (drain.go).
 func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, head string, policy v1alpha1.DecommissionPolicy) error {
+	if s.needsDrain(wc) {
+		return s.drain(ctx, wc, head, policy)
+	}
 	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
 	s.log.Info("decommissioning a cluster removed from the fleet", "cluster", wc.Name, "policy", policy)
 	if policy == v1alpha1.DecommissionKeep {

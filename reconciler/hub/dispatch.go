@@ -12,6 +12,9 @@ import (
 // Dispatcher keeps a tenant's Kueue objects on the hub (reconciler/dispatch).
 type Dispatcher interface {
 	Sync(ctx context.Context, t dispatch.Tenant, wcs map[string]*v1alpha1.WorkerCluster) error
+	// PlacedOn counts the unfinished workloads of the namespaces that the hub's Kueue
+	// placed on the identity's worker.
+	PlacedOn(ctx context.Context, namespaces []string, identity string) (int, error)
 }
 
 // dispatchResync is how often a tenant's hub Kueue objects are applied again without
@@ -69,11 +72,16 @@ func (s *Source) syncDispatch(ctx context.Context) error {
 		if wc.Annotations[v1alpha1.DecommissionAnnotation] != "" {
 			continue
 		}
+		draining := wc.Annotations[v1alpha1.DrainingSinceAnnotation] != ""
 		pool, err := fleet.PoolOf(spec, name, wc.Spec.Residency)
-		if err != nil {
+		if draining && wc.Status.Dispatch != nil {
+			// Gone from Git: the pool it was placed in, to the end of its drain.
+			pool, err = wc.Status.Dispatch.Pool, nil
+		}
+		if err != nil || pool == "" {
 			continue // the cluster's commit says why
 		}
-		t.Workers = append(t.Workers, dispatch.WorkerOf(wc, pool, s.quotas[name], false))
+		t.Workers = append(t.Workers, dispatch.WorkerOf(wc, pool, s.quotas[name], draining))
 		wcs[wc.Labels[v1alpha1.WorkerClusterLabel]] = wc
 		s.registered[name] = wc.Status.Enrollment != nil
 	}

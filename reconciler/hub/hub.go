@@ -79,6 +79,9 @@ type Tunnel interface {
 	// Push makes ds the desired state of the identity, whose WorkerCluster is key, and
 	// hands it to its agent if connected, without waiting for the network.
 	Push(key client.ObjectKey, identity string, ds *protocol.DesiredState) bool
+	// Desired is the state last pushed for the identity, nil when none was: a drain
+	// holds the worker's ClusterQueues in it.
+	Desired(identity string) *protocol.DesiredState
 	// Connected reports whether the identity's agent has a live tunnel.
 	Connected(identity string) bool
 	// Revoke ends the agent of wc for good, before its WorkerCluster is deleted.

@@ -291,6 +291,9 @@ func (s *Server) Forget(identity string) {
 	delete(s.proxyTokens, identity)
 }
 
+// Desired is the desired state last pushed for the identity; nil when none was.
+func (s *Server) Desired(identity string) *protocol.DesiredState { return s.desiredState(identity) }
+
 func (s *Server) desiredState(identity string) *protocol.DesiredState {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -88,6 +88,13 @@ const (
 	// DecommissionAnnotation marks a cluster whose directory left the fleet: the agent
 	// is asked to prune what it owns before the WorkerCluster is deleted.
 	DecommissionAnnotation = "flotilla.dev/decommission"
+	// DrainingSinceAnnotation marks a removed cluster whose work dispatched from the hub
+	// still runs: it keeps its place in the hub's Kueue, held, until that work is done
+	// or fleet.yaml's drainGracePeriod from this time (RFC 3339) is over. Then its
+	// decommission begins.
+	DrainingSinceAnnotation = "flotilla.dev/draining-since"
+	// DrainedAnnotation marks a removed cluster whose drain is over.
+	DrainedAnnotation = "flotilla.dev/drained"
 	// HubErrorAnnotation holds the detail of the hub's last failure to reconcile the
 	// cluster (the hub cluster's API, a key service) for its operators; the commit
 	// status, which every reader of the repository sees, says only what kind of fault
