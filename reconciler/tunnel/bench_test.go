@@ -1,9 +1,12 @@
 package tunnel_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"runtime"
 	"testing"
 
 	"golang.org/x/sync/errgroup"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
@@ -77,4 +81,60 @@ func BenchmarkRefusedRequest(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkIdleWorkerWatches is what the watches MultiKueue holds open to an idle
+// worker cost through the proxy: three per worker (Workloads, Jobs, JobSets, selected by
+// the origin label, as Kueue opens them), over HTTP/2 and TLS. The heap and stacks
+// measured are the whole process's: the proxy's, but also the test agents' ends and the
+// watchers', so the figure is an upper bound of the hub's share.
+func BenchmarkIdleWorkerWatches(b *testing.B) {
+	const workers = 50
+	h := startProxyHub(b, tunnel.ProxyOptions{MaxInFlight: 8})
+	var ws []*proxied
+	for i := range workers {
+		ws = append(ws, h.enrollProxied(b, fmt.Sprintf("idle-%02d", i)))
+	}
+	paths := []string{"/apis/kueue.x-k8s.io/v1beta2/workloads", "/apis/batch/v1/jobs", "/apis/jobset.x-k8s.io/v1alpha2/jobsets"}
+	// The API server answers a custom resource's first requests only once its watch
+	// cache is ready.
+	for _, p := range paths {
+		eventually(b, p+" served", func() (bool, string) {
+			code, body := h.get(b, ws[0].identity, ws[0].token.Reveal(), p+"?limit=1")
+			return code == http.StatusOK, body
+		})
+	}
+	// One request each first: the connections that every watch shares are open.
+	for _, w := range ws {
+		if code, body := h.get(b, w.identity, w.token.Reveal(), "/api"); code != http.StatusOK {
+			b.Fatalf("%d %s", code, body)
+		}
+	}
+	before, beforeG := inUse(), runtime.NumGoroutine()
+	ctx, cancel := context.WithCancel(b.Context())
+	defer cancel()
+	sel := "labelSelector=" + url.QueryEscape("kueue.x-k8s.io/multikueue-origin=flotilla-hub") + "&watch=true&allowWatchBookmarks=true"
+	var watchers []*watcher
+	for _, w := range ws {
+		for _, path := range paths {
+			watchers = append(watchers, h.openWatch(b, ctx, w, path+"?"+sel))
+		}
+	}
+	after, afterG := inUse(), runtime.NumGoroutine()
+	for b.Loop() {
+	}
+	b.ReportMetric(float64(after-before)/workers, "B/idle-worker")
+	b.ReportMetric(float64(afterG-beforeG)/workers, "goroutines/idle-worker")
+	for _, w := range watchers {
+		w.close()
+	}
+}
+
+// inUse is the heap and stack memory in use after a collection.
+func inUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse + m.StackInuse
 }

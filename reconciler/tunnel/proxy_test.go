@@ -96,13 +96,16 @@ type proxyHub struct {
 	proxy *httptest.Server
 }
 
-func startProxyHub(t *testing.T, opts tunnel.ProxyOptions) *proxyHub {
+func startProxyHub(t testing.TB, opts tunnel.ProxyOptions) *proxyHub {
 	t.Helper()
 	h := startHub(t, nil, nil)
 	if opts.Log == nil {
 		opts.Log = slogTo(h.log)
 	}
-	ps := httptest.NewServer(tunnel.NewProxy(h.srv, opts))
+	// TLS and HTTP/2, as Kueue's clients speak to the proxy.
+	ps := httptest.NewUnstartedServer(tunnel.NewProxy(h.srv, opts))
+	ps.EnableHTTP2 = true
+	ps.StartTLS()
 	t.Cleanup(ps.Close)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -112,7 +115,7 @@ func startProxyHub(t *testing.T, opts tunnel.ProxyOptions) *proxyHub {
 	return &proxyHub{hub: h, proxy: ps}
 }
 
-func (h *proxyHub) enrollProxied(t *testing.T, name string) *proxied {
+func (h *proxyHub) enrollProxied(t testing.TB, name string) *proxied {
 	t.Helper()
 	c := newCluster(t, name)
 	h.srv.Push(c.key(), c.identity, &protocol.DesiredState{Generation: 1, Hash: "h1"})
@@ -126,12 +129,12 @@ func (h *proxyHub) enrollProxied(t *testing.T, name string) *proxied {
 }
 
 // get sends a GET through the proxy with the bearer token.
-func (h *proxyHub) get(t *testing.T, identity, token, path string) (int, string) {
+func (h *proxyHub) get(t testing.TB, identity, token, path string) (int, string) {
 	t.Helper()
 	return h.do(t, http.MethodGet, identity, token, path, nil, nil)
 }
 
-func (h *proxyHub) do(t *testing.T, method, identity, token, path string, body io.Reader, hdr http.Header) (int, string) {
+func (h *proxyHub) do(t testing.TB, method, identity, token, path string, body io.Reader, hdr http.Header) (int, string) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), method, h.proxy.URL+tunnel.ProxyPathPrefix+identity+path, body)
 	if err != nil {
@@ -324,7 +327,7 @@ type event struct {
 
 func (w *watcher) close() { _ = w.body.Close() }
 
-func (h *proxyHub) openWatch(t *testing.T, ctx context.Context, c *proxied, path string) *watcher {
+func (h *proxyHub) openWatch(t testing.TB, ctx context.Context, c *proxied, path string) *watcher {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.proxy.URL+tunnel.ProxyPathPrefix+c.identity+path, nil)
 	if err != nil {
