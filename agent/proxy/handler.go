@@ -127,6 +127,13 @@ func New(opts Options) (*Handler, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			dropCredentials(pr.Out.Header)
+			// What the hub asked compressed passes through compressed. What it did not
+			// (its watches) must not be compressed by the API server only for Go's
+			// transport to inflate it here: a decompressor per watch is 40 KiB of the
+			// agent's memory.
+			if pr.Out.Header.Get("Accept-Encoding") == "" {
+				pr.Out.Header.Set("Accept-Encoding", "identity")
+			}
 		},
 		Transport: rt,
 		// Every write goes out at once: a watch's events must not wait in a buffer.
