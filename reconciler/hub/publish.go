@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -37,6 +38,11 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], st)
 	s.mu.Lock()
 	s.states[name] = st.State
+	if d := wc.Status.Dispatch; d != nil && d.Placement == v1alpha1.PlacementPoolFull {
+		s.poolFull[name] = d.Pool
+	} else {
+		delete(s.poolFull, name)
+	}
 	registered := wc.Status.Enrollment != nil
 	wake := s.registered[name] != registered
 	s.mu.Unlock()
@@ -55,6 +61,11 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 func (s *Source) publishFleet(ctx context.Context) {
 	s.mu.Lock()
 	head, fleetErr, waiting := s.head, s.fleetError, len(s.waitingRemovals)
+	var full []string
+	for _, pool := range s.poolFull {
+		full = append(full, pool)
+	}
+	leftOut := len(s.poolFull)
 	total, ready := len(s.states), 0
 	for _, st := range s.states {
 		if st == commitstatus.Success {
@@ -83,6 +94,12 @@ func (s *Source) publishFleet(ctx context.Context) {
 		st.State, st.Description = commitstatus.Success, fmt.Sprintf("%d of %d clusters ready", ready, total)
 	default:
 		st.State, st.Description = commitstatus.Pending, fmt.Sprintf("%d of %d clusters ready", ready, total)
+	}
+	if len(full) > 0 {
+		slices.Sort(full)
+		full = slices.Compact(full)
+		st.Description += fmt.Sprintf(" · %d %s over the %d-cluster limit of dispatch pool %s: declare pools in fleet.yaml",
+			leftOut, plural(leftOut, "cluster", "clusters"), v1alpha1.MaxPoolClusters, strings.Join(full, ", "))
 	}
 	s.post(ctx, head, st)
 }

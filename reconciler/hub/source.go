@@ -90,6 +90,9 @@ type Source struct {
 	registered map[string]bool
 	// dispatchWake wakes the dispatch worker.
 	dispatchWake chan struct{}
+	// poolFull are the clusters left out of a full dispatch pool, with the pool's name:
+	// the fleet's summary warns of them.
+	poolFull map[string]string
 }
 
 // AddSource follows a repository for a tenant.
@@ -110,7 +113,7 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 	s := &Source{hub: h, opts: opts, git: g, log: h.opts.Log.With("tenant", opts.Tenant, "repository", gitsource.RedactURL(opts.Git.URL)),
 		prefix: fleet.DefaultStatusContextPrefix, states: map[string]commitstatus.State{}, invalid: map[string]string{}, retry: map[string]bool{}, waitingRemovals: map[string]bool{}, pruneTimers: map[string]*time.Timer{},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
-		planWake: make(chan struct{}, 1), dispatchWake: make(chan struct{}, 1), quotas: map[string]corev1.ResourceList{}, registered: map[string]bool{}}
+		planWake: make(chan struct{}, 1), dispatchWake: make(chan struct{}, 1), quotas: map[string]corev1.ResourceList{}, registered: map[string]bool{}, poolFull: map[string]string{}}
 	if opts.Statuses != nil {
 		s.publisher = commitstatus.NewPublisher(opts.Statuses, commitstatus.PublisherOptions{Log: s.log})
 	}
