@@ -72,6 +72,15 @@ type gpuNode struct {
 	memoryMiB     int
 }
 
+// gpus is how many GPUs the worker's nodes have: its quota in cluster.yaml.
+func (w *worker) gpus() int64 {
+	var n int64
+	for _, node := range w.nodes {
+		n += node.gpus
+	}
+	return n
+}
+
 func workers() []*worker {
 	return []*worker{
 		{name: "gpu-east", region: "us-east1", nodes: []gpuNode{
@@ -107,10 +116,11 @@ type demo struct {
 	checkout string // the engineer's clone, where the CLI writes
 	notes    *gitnotes.Backend
 
-	hub                  *process
-	tunnelAddr, httpAddr string
-	webhookSecret        []byte
-	deliveries, pulls    int
+	hub                             *process
+	kueue                           []*kueueManager
+	tunnelAddr, httpAddr, proxyAddr string
+	webhookSecret                   []byte
+	deliveries, pulls               int
 }
 
 func TestDemo(t *testing.T) {
@@ -122,6 +132,7 @@ func TestDemo(t *testing.T) {
 	d.build()
 	d.startClock()
 	d.startControlPlanes()
+	d.startKueue()
 	d.createFleet()
 	d.startHub()
 	for _, w := range d.workers {
@@ -134,6 +145,7 @@ func TestDemo(t *testing.T) {
 		d.startAgent(w)
 	}
 	d.watchUntilGreen()
+	d.dispatchJob()
 
 	if d.ci {
 		d.say("\nStopping everything and removing %s.", d.root)
@@ -174,7 +186,7 @@ func newDemo(t *testing.T, ctx context.Context) *demo {
 		root: root, bin: filepath.Join(root, "bin"), logs: filepath.Join(root, "logs"), repoRoot: repoRoot,
 		out: os.Stdout, workers: workers(),
 	}
-	for _, dir := range []string{d.bin, d.logs, filepath.Join(root, "kubeconfigs"), filepath.Join(root, "hub")} {
+	for _, dir := range []string{d.bin, d.logs, filepath.Join(root, "kubeconfigs"), filepath.Join(root, "hub"), filepath.Join(root, "jobs")} {
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -188,10 +200,10 @@ func newDemo(t *testing.T, ctx context.Context) *demo {
 	}}
 	mode := "interactive: Ctrl-C stops everything"
 	if d.ci {
-		mode = ciEnv + " is set: the demo ends once both clusters are green"
+		mode = ciEnv + " is set: the demo ends once both clusters are green and a job has run through the hub"
 	}
 	d.say("flotilla demo (%s)", mode)
-	d.say("Everything lives in %s: kubeconfigs/, logs/, bin/, the fleet checkout fleet/.", root)
+	d.say("Everything lives in %s: kubeconfigs/, logs/, bin/, jobs/, the fleet checkout fleet/.", root)
 	return d
 }
 
@@ -261,6 +273,8 @@ func (d *demo) startControlPlanes() {
 	d.hubPlane = planes[0]
 	d.writeKubeconfig("hub", planes[0])
 	d.createNamespace(planes[0], namespace)
+	// Where the hub keeps its API proxy's CA (dispatch.namespace's default).
+	d.createNamespace(planes[0], agentNamespace)
 	for i, w := range d.workers {
 		w.plane = planes[i+1]
 		w.kubeconfig = d.writeKubeconfig(w.name, w.plane)
@@ -293,6 +307,9 @@ func (d *demo) createFleet() {
 		d.fail("%v", err)
 	}
 	if d.httpAddr, err = freeAddr(); err != nil {
+		d.fail("%v", err)
+	}
+	if d.proxyAddr, err = freeAddr(); err != nil {
 		d.fail("%v", err)
 	}
 	id := sopstest.NewIdentity(d.t)
@@ -336,7 +353,8 @@ func (d *demo) flotilla() string { return filepath.Join(d.bin, "flotilla") }
 
 // startHub writes the hub's configuration and runs it until the end of the demo.
 func (d *demo) startHub() {
-	done := d.step("Starting flotilla-hub: tunnel on ws://%s, health, metrics and webhooks on http://%s", d.tunnelAddr, d.httpAddr)
+	done := d.step("Starting flotilla-hub: tunnel on ws://%s, health, metrics and webhooks on http://%s, the API proxy for its Kueue on https://%s",
+		d.tunnelAddr, d.httpAddr, d.proxyAddr)
 	secret := make([]byte, 32)
 	if _, err := rand.Read(secret); err != nil {
 		d.fail("%v", err)
@@ -367,8 +385,15 @@ sources:
     webhookSecretFile: %q
     statuses:
       kind: notes
+# The hub's Kueue dispatches to the workers through the hub's API proxy: its kubeconfig
+# for each worker names https://<url>/clusters/<identity>, and the proxy carries each
+# request over that worker's tunnel. The proxy's CA is the hub's own, kept in the
+# Secret flotilla-system/flotilla-hub-proxy-ca.
+dispatch:
+  listen: %q
+  url: %q
 `, filepath.Join(d.root, "kubeconfigs", "hub.yaml"), d.tunnelAddr, d.httpAddr, "http://"+d.httpAddr, filepath.Join(d.root, "hub", "hub.agekey"),
-		source, d.repoURL, tenant, namespace, poll, secretFile)
+		source, d.repoURL, tenant, namespace, poll, secretFile, d.proxyAddr, "https://"+d.proxyAddr)
 	configFile := filepath.Join(d.root, "hub", "config.yaml")
 	if err := os.WriteFile(configFile, []byte(config), 0o600); err != nil {
 		d.fail("%v", err)
@@ -405,7 +430,7 @@ func (d *demo) enroll(w *worker) {
 	done := d.step("Enrolling %s through a pull request", w.name)
 	branch := "enroll-" + w.name
 	d.sh(d.checkout, echo, "git", "switch", "-q", "-c", branch, "main")
-	d.sh(d.checkout, echoOutput, d.flotilla(), "cluster", "add", w.name, "--region", w.region, "--residency", "us", "--preset", "gpu")
+	d.sh(d.checkout, echoOutput, d.flotilla(), "cluster", "add", w.name, "--region", w.region, "--residency", pool, "--preset", "gpu", "--gpus", fmt.Sprint(w.gpus()))
 	d.sh(d.checkout, echo, "git", "add", "clusters/"+w.name)
 	d.sh(d.checkout, echo, "git", "commit", "-q", "-m", "Enroll "+w.name)
 	head := d.sh(d.checkout, quiet, "git", "rev-parse", "HEAD")
@@ -512,6 +537,7 @@ func (d *demo) addGPUNodes(w *worker) {
 // startAgent runs the worker's agent with the values file `flotilla cluster add` wrote.
 func (d *demo) startAgent(w *worker) {
 	done := d.step("Starting flotilla-agent for %s", w.name)
+	d.installDispatchRBAC(w)
 	listen, err := freeAddr()
 	if err != nil {
 		d.fail("%v", err)
@@ -532,7 +558,7 @@ func (d *demo) startAgent(w *worker) {
 // watchUntilGreen shows the live table until every cluster is green.
 func (d *demo) watchUntilGreen() {
 	began := time.Now()
-	d.step("Watching the hub until both clusters are green (conditions from the hub's WorkerClusters, statuses from git notes)")
+	d.step("Watching the hub until both clusters are green: ready and dispatchable (conditions from the hub's WorkerClusters, statuses from git notes)")
 	d.table.began = began
 	var rows []row
 	d.wait("both clusters green", time.Second, func() (bool, string) {
@@ -579,6 +605,13 @@ func (d *demo) wait(what string, every time.Duration, cond func() (bool, string)
 		for _, p := range d.processes() {
 			if err := p.exited(); err != nil {
 				d.fail("waiting for %s: %v", what, err)
+			}
+		}
+		for _, k := range d.kueue {
+			select {
+			case <-k.m.Done():
+				d.fail("waiting for %s: the %s manager exited (log: logs/%s)", what, k.name, filepath.Base(k.log))
+			default:
 			}
 		}
 		if !d.ci && !d.late && time.Now().After(d.deadline) {
@@ -658,6 +691,13 @@ func (d *demo) diagnose(reason string) {
 			d.say("  %s", l)
 		}
 	}
+	// Kueue logs a lot, in JSON: its last few lines, the rest in the file.
+	for _, k := range d.kueue {
+		d.say("\nLast lines of %s (%s):", k.log, k.name)
+		for _, l := range tail(k.log, 8) {
+			d.say("  %s", l)
+		}
+	}
 }
 
 // How sh shows a command.
@@ -710,19 +750,41 @@ Try, in another terminal:
   kubectl get workerclusters -A                 # the same WorkerClusters, with kubectl
   flotilla commit status --repo %[3]s    # the commit statuses on main's head
 
+Whether a cluster takes jobs is its DispatchReady condition, Kueue's judgement carried over:
+  kubectl get workerclusters -n %[2]s -o wide    # the DISPATCH column
+  flotilla -n %[2]s cluster status %[4]s       # DispatchReady with its reason and message
+  kubectl get multikueueclusters                # the hub's Kueue's own view: CONNECTED
+
+Submit a job to the hub: it goes to the LocalQueue %[8]q (the dispatch pool of residency
+%[8]s) in %[7]s, and the hub's Kueue runs it on %[4]s or %[6]s through its tunnel:
+  kubectl create -f %[1]s/jobs/train.yaml          # prints job.batch/train-xxxxx created
+  kubectl get jobs,workloads -n %[7]s       # admitted on the hub
+  kubectl get workloads -n %[7]s -o custom-columns=NAME:.metadata.name,CLUSTER:.status.clusterName   # placed where
+  kubectl --kubeconfig %[1]s/kubeconfigs/%[4]s.yaml get jobs -n %[7]s   # the copy the hub's Kueue made (or %[6]s's)
+No kubelet runs on these machines: a job on a worker never finishes until you play its
+nodes, as the demo did for its own job, by writing the worker Job's status, e.g.:
+  NOW=$(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)
+  kubectl --kubeconfig %[1]s/kubeconfigs/%[4]s.yaml patch -n %[7]s job/train-xxxxx --subresource=status --type=merge -p '{"status":{
+    "startTime":"'$NOW'","completionTime":"'$NOW'","active":0,"ready":0,"succeeded":1,"conditions":[
+    {"type":"SuccessCriteriaMet","status":"True","reason":"CompletionsReached","message":"played","lastProbeTime":"'$NOW'","lastTransitionTime":"'$NOW'"},
+    {"type":"Complete","status":"True","reason":"CompletionsReached","message":"played","lastProbeTime":"'$NOW'","lastTransitionTime":"'$NOW'"}]}}'
+and the hub's job turns Complete: 'kubectl get jobs -n %[7]s'.
+
 Cordon %[4]s (no new jobs; running ones carry on) with a commit and a merge:
   cd %[1]s/fleet
   git switch -c cordon-%[4]s
   flotilla cluster cordon %[4]s
   git commit -am "Cordon %[4]s"
   git switch main && git merge --no-ff cordon-%[4]s && git push origin main
-The hub polls every %[5]s; then 'flotilla -n %[2]s cluster list' shows it cordoned and
-'flotilla commit status --repo %[3]s' the merge's statuses.
+The hub polls every %[5]s; then 'flotilla -n %[2]s cluster list' shows it cordoned, DispatchReady
+turns False (Cordoned), and 'flotilla commit status --repo %[3]s' shows the merge's statuses.
 
-Remove %[6]s (its agent prunes what it applied, the hub revokes its credential):
+Remove %[6]s (no new jobs; once the work placed on it has finished, its agent prunes what it
+applied and the hub revokes its credential):
   flotilla cluster remove %[6]s && git commit -am "Remove %[6]s" && git push origin main
 
 The workers: kubectl --kubeconfig %[1]s/kubeconfigs/%[4]s.yaml get clusterqueues,localqueues,nodes -A
-Logs:        %[1]s/logs/ (hub.log, agent-%[4]s.log, agent-%[6]s.log, controlplanes.log, gitserver.log)
-Hub config:  %[1]s/hub/config.yaml`, r, namespace, d.repoURL, east, poll, west)
+Logs:        %[1]s/logs/ (hub.log, agent-%[4]s.log, agent-%[6]s.log, kueue-hub.log, kueue-%[4]s.log, kueue-%[6]s.log,
+             controlplanes.log, gitserver.log)
+Hub config:  %[1]s/hub/config.yaml`, r, namespace, d.repoURL, east, poll, west, workloadNamespace, pool)
 }

@@ -23,18 +23,19 @@ import (
 // row is what the table shows of one cluster: its conditions on the hub, its GPUs, and
 // the commit status the hub recorded, as git notes, on the commit its state came from.
 type row struct {
-	name                                           string
-	registered, connected, configured, ready, gpus string
-	commit                                         string
-	status                                         commitstatus.Status
-	conditions                                     []metav1.Condition
+	name                                                     string
+	registered, connected, configured, ready, dispatch, gpus string
+	commit                                                   string
+	status                                                   commitstatus.Status
+	conditions                                               []metav1.Condition
 }
 
 // green is what the demo waits for: the cluster is registered, connected, configured
-// at the desired state and ready, and its commit says so.
+// at the desired state, ready, and the hub's Kueue dispatches to it, and its commit
+// says so.
 func (r row) green() bool {
 	return r.registered == "True" && r.connected == "True" && r.configured == "True" && r.ready == "True" &&
-		r.status.State == commitstatus.Success
+		r.dispatch == "True" && r.status.State == commitstatus.Success
 }
 
 func (r row) cells() []string {
@@ -42,10 +43,10 @@ func (r row) cells() []string {
 	if r.status.State != "" {
 		st = string(r.status.State) + ": " + r.status.Description
 	}
-	return []string{r.name, r.registered, r.connected, r.configured, r.ready, r.gpus, short(r.commit), st}
+	return []string{r.name, r.registered, r.connected, r.configured, r.ready, r.dispatch, r.gpus, short(r.commit), st}
 }
 
-var header = []string{"CLUSTER", "REGISTERED", "CONNECTED", "CONFIGURED", "READY", "GPUS", "COMMIT", "STATUS"}
+var header = []string{"CLUSTER", "REGISTERED", "CONNECTED", "CONFIGURED", "READY", "DISPATCHREADY", "GPUS", "COMMIT", "STATUS"}
 
 // rows reads every worker's row from the hub cluster and the fleet repository's notes.
 func (d *demo) rows(ctx context.Context) ([]row, error) {
@@ -59,12 +60,13 @@ func (d *demo) rows(ctx context.Context) ([]row, error) {
 	}
 	rows := make([]row, 0, len(d.workers))
 	for _, w := range d.workers {
-		r := row{name: w.name, registered: "-", connected: "-", configured: "-", ready: "-", gpus: "-", commit: w.commit}
+		r := row{name: w.name, registered: "-", connected: "-", configured: "-", ready: "-", dispatch: "-", gpus: "-", commit: w.commit}
 		if wc := byName[w.name]; wc != nil {
 			r.registered = condition(wc, v1alpha1.ConditionRegistered)
 			r.connected = condition(wc, v1alpha1.ConditionConnected)
 			r.configured = condition(wc, v1alpha1.ConditionWorkerConfigured)
 			r.ready = condition(wc, v1alpha1.ConditionReady)
+			r.dispatch = condition(wc, v1alpha1.ConditionDispatchReady)
 			r.gpus = gpus(wc.Status.GPUs)
 			r.conditions = wc.Status.Conditions
 			// The hub records where the cluster's state came from: its status is there.
@@ -134,8 +136,8 @@ func (t *table) show(rows []row, note string) {
 		}
 		for _, r := range rows {
 			c := r.cells()
-			line := fmt.Sprintf("%s  registered=%s connected=%s configured=%s ready=%s gpus=%s  %s%s@%s %s",
-				c[0], c[1], c[2], c[3], c[4], c[5], contextPrefix, r.name, c[6], c[7])
+			line := fmt.Sprintf("%s  registered=%s connected=%s configured=%s ready=%s dispatchReady=%s gpus=%s  %s%s@%s %s",
+				c[0], c[1], c[2], c[3], c[4], c[5], c[6], contextPrefix, r.name, c[7], c[8])
 			if t.last[r.name] != line {
 				t.last[r.name] = line
 				fmt.Fprintf(t.out, "    [%6.1fs] %s\n", time.Since(t.began).Seconds(), line)
