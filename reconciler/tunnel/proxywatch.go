@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,7 +47,7 @@ func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, t
 				return
 			}
 			if !p.awaitAgent(ctx, identity, sess, time.Now().Add(p.opts.ResumeWindow)) {
-				log.Info("watch ended: the agent did not come back within the resume window", "window", p.opts.ResumeWindow)
+				p.logEnd(ctx, log)
 				return
 			}
 			continue
@@ -74,10 +75,19 @@ func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, t
 		}
 		log.Info("the tunnel broke under a watch: waiting for the agent to redial", "resourceVersion", rv, "window", p.opts.ResumeWindow)
 		if !p.awaitAgent(ctx, identity, sess, time.Now().Add(p.opts.ResumeWindow)) {
-			log.Info("watch ended: the agent did not come back within the resume window", "window", p.opts.ResumeWindow)
+			p.logEnd(ctx, log)
 			return
 		}
 	}
+}
+
+// logEnd says why a watch that waited for its agent ended.
+func (p *Proxy) logEnd(ctx context.Context, log *slog.Logger) {
+	if ctx.Err() != nil {
+		log.Info("watch ended by the watcher while its agent was away")
+		return
+	}
+	log.Info("watch ended: the agent did not come back within the resume window", "window", p.opts.ResumeWindow)
 }
 
 // openWatch sends the watch request on a stream of its own and reads the answer's
@@ -98,6 +108,13 @@ func (p *Proxy) openWatch(ctx context.Context, in *http.Request, identity string
 	// The proxy reads the events to resume from them: they come uncompressed. Each is
 	// flushed on its own, so compression would gain little anyway.
 	out.Header.Del("Accept-Encoding")
+	// And as JSON, when the caller takes JSON: controller-runtime asks for protobuf
+	// for built-in kinds (Kueue's watch of batch Jobs), offering */* besides, and a
+	// protobuf stream could not be resumed, so a tunnel blip would end that watch.
+	// client-go decodes a watch by the answer's Content-Type.
+	if acceptsJSON(out.Header.Values("Accept")) {
+		out.Header.Set("Accept", "application/json")
+	}
 	out.Close = true
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	if err := out.Write(conn); err != nil {
@@ -178,6 +195,28 @@ func relayEvents(w flushWriter, body io.Reader, rv *string) bool {
 			*rv = v
 		}
 	}
+}
+
+// acceptsJSON reports whether a request with these Accept headers takes a plain JSON
+// answer: no Accept at all, or a media range that covers application/json without
+// asking for another form of it (such as a Table).
+func acceptsJSON(accept []string) bool {
+	if len(accept) == 0 {
+		return true
+	}
+	for _, h := range accept {
+		for r := range strings.SplitSeq(h, ",") {
+			mt, params, err := mime.ParseMediaType(strings.TrimSpace(r))
+			if err != nil {
+				continue
+			}
+			delete(params, "q")
+			if len(params) == 0 && (mt == "application/json" || mt == "application/*" || mt == "*/*") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func isJSON(contentType string) bool {

@@ -21,6 +21,14 @@
 //     another worker's path) with the worker's own token, and refuses a wrong or another
 //     worker's token without saying why.
 //
+// TestMain starts the three planes once for the package. TestDispatchThroughTheTunnel
+// starts the rest once (newWorld) and runs its subtests in order on it, each leaving
+// both clusters dispatchable; BenchmarkDispatch starts a world of its own, with another
+// tenant and workload namespace, so that both may run in one process. The Kueue
+// managers belong to a world rather than to TestMain, because controlplane.Main runs
+// the tests itself and a world's managers are stopped, with their webhooks, before its
+// planes' objects are cleaned up.
+//
 // No kubelet runs here: the tests play the worker's nodes by writing the worker Job's
 // status (test/dispatchtest) and say so where they do.
 //

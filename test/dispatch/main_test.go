@@ -3,6 +3,9 @@ package dispatch
 import (
 	"testing"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
 )
 
@@ -10,5 +13,9 @@ import (
 var planes []*controlplane.ControlPlane
 
 func TestMain(m *testing.M) {
+	// controller-runtime's clients and caches log through its global logger, which
+	// complains with a stack trace when unset; the tests read what they need from the
+	// API servers.
+	ctrllog.SetLogger(logr.Discard())
 	controlplane.Main(m, 3, &planes, controlplane.Options{})
 }

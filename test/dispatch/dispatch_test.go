@@ -1,0 +1,293 @@
+package dispatch
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/test/poll"
+)
+
+// TestDispatchThroughTheTunnel runs one hub, two workers and their Kueue managers for
+// all of its subtests, which run in order and each leave both clusters dispatchable.
+func TestDispatchThroughTheTunnel(t *testing.T) {
+	w := newWorld(t, "acme", "ml")
+	for _, tc := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"both clusters turn dispatch-ready and the hub keeps their Kueue objects", w.testReady},
+		{"a job runs on its pool's worker only and its completion reaches the hub", w.testJobsStayInTheirPool},
+		{"the proxy refuses what MultiKueue does not need and any token but the worker's", w.testProxyRefuses},
+		{"a cordon keeps the running job and holds the next one on the hub", w.testCordonKeepsRunningWork},
+		{"a tunnel blip within the resume window keeps a job admitted before workerLostTimeout", w.testTunnelBlipIsInvisible},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w.allDispatchable(t)
+			tc.run(t)
+		})
+	}
+}
+
+func (w *world) testReady(t *testing.T) {
+	for _, wk := range w.workers {
+		t.Run(wk.name, func(t *testing.T) {
+			ctx, hc := t.Context(), w.hub.Client
+			w.dispatchReady(t, wk, metav1.ConditionTrue, v1alpha1.ReasonDispatchable)
+			st := w.commitStatus(t, wk, commitstatus.Success, "dispatchable")
+			t.Logf("%s: %s: %s", wk.name, st.State, st.Description)
+
+			mc := &kueue.MultiKueueCluster{}
+			poll.Until(t, "the hub's MultiKueueCluster is Active", func() (bool, string) {
+				if err := hc.Get(ctx, client.ObjectKey{Name: wk.identity}, mc); err != nil {
+					return false, err.Error()
+				}
+				c := apimeta.FindStatusCondition(mc.Status.Conditions, kueue.MultiKueueClusterActive)
+				if c == nil {
+					return false, "no Active condition"
+				}
+				return c.Status == metav1.ConditionTrue, fmt.Sprintf("Active=%s %s: %s", c.Status, c.Reason, c.Message)
+			})
+
+			pool := w.tenant + "-" + wk.residency
+			var cfg kueue.MultiKueueConfig
+			if err := hc.Get(ctx, client.ObjectKey{Name: pool}, &cfg); err != nil {
+				t.Fatalf("the pool's MultiKueueConfig: %v", err)
+			}
+			if !slices.Equal(cfg.Spec.Clusters, []string{wk.identity}) {
+				t.Errorf("MultiKueueConfig %s holds %v, want just %s", pool, cfg.Spec.Clusters, wk.identity)
+			}
+
+			var hubCQ, workerCQ kueue.ClusterQueue
+			if err := hc.Get(ctx, client.ObjectKey{Name: pool}, &hubCQ); err != nil {
+				t.Fatalf("the pool's ClusterQueue on the hub: %v", err)
+			}
+			if err := wk.plane.Client.Get(ctx, client.ObjectKey{Name: "cluster-queue"}, &workerCQ); err != nil {
+				t.Fatalf("the preset's ClusterQueue on %s: %v", wk.name, err)
+			}
+			hubQuota, workerQuota := quotaOf(&hubCQ), quotaOf(&workerCQ)
+			if !sameQuota(hubQuota, workerQuota) {
+				t.Errorf("hub ClusterQueue %s offers %v; the worker's offers %v", pool, hubQuota, workerQuota)
+			}
+			for r, q := range wk.quota {
+				if got := workerQuota[corev1.ResourceName(r)]; got.Cmp(resource.MustParse(q)) != 0 {
+					t.Errorf("the worker's ClusterQueue offers %s %s, cluster.yaml declares %s", r, got.String(), q)
+				}
+			}
+		})
+	}
+}
+
+func (w *world) testJobsStayInTheirPool(t *testing.T) {
+	for _, tc := range []struct {
+		pool, runsOn string
+	}{
+		{pool: "eu", runsOn: "gpu-eu"},
+		{pool: "us", runsOn: "gpu-us"},
+	} {
+		t.Run(tc.pool, func(t *testing.T) {
+			wk := w.worker(tc.runsOn)
+			j := w.submit(t, "train-"+tc.pool, tc.pool)
+			remote := w.placedOn(t, j, wk)
+			start(t, wk, remote)
+			complete(t, wk, remote)
+			w.finishedOnHub(t, j)
+			w.nowhereElse(t, j, wk)
+		})
+	}
+}
+
+func (w *world) testCordonKeepsRunningWork(t *testing.T) {
+	eu := w.worker("gpu-eu")
+	running := w.submit(t, "running-before-cordon", "eu")
+	remote := w.placedOn(t, running, eu)
+	start(t, eu, remote)
+
+	w.commitCluster(t, eu, true)
+	t.Cleanup(func() {
+		w.commitCluster(t, eu, false)
+		w.dispatchReady(t, eu, metav1.ConditionTrue, v1alpha1.ReasonDispatchable)
+	})
+	w.dispatchReady(t, eu, metav1.ConditionFalse, v1alpha1.ReasonCordoned)
+	st := w.commitStatus(t, eu, commitstatus.Success, "cordoned")
+	t.Logf("%s: %s: %s", eu.name, st.State, st.Description)
+	var held kueue.ClusterQueue
+	if err := eu.plane.Client.Get(t.Context(), client.ObjectKey{Name: "cluster-queue"}, &held); err != nil {
+		t.Fatal(err)
+	}
+	if got := ptr.Deref(held.Spec.StopPolicy, kueue.None); got != kueue.Hold {
+		t.Errorf("the cordoned worker's ClusterQueue has stopPolicy %s, want %s: it would admit new work", got, kueue.Hold)
+	}
+
+	// The next eu job waits on the hub: the pool's only cluster takes no new work, and
+	// no other pool's cluster may take it. Depending on whether the hub's ClusterQueue
+	// had dropped the cordoned cluster's quota when the job came, Kueue either finds no
+	// quota for it, or reserves quota and waits on the MultiKueue check, which the
+	// held worker never satisfies: either way the job stays suspended on the hub and no
+	// worker runs it.
+	next := w.submit(t, "submitted-after-cordon", "eu")
+	check := kueue.AdmissionCheckReference(w.tenant + "-eu")
+	var pending string
+	poll.Until(t, "the hub's Kueue keeps the next eu job pending", func() (bool, string) {
+		w.nowhereElse(t, next, nil)
+		wl, ok := w.hubWorkload(t, next)
+		if !ok {
+			return false, "no workload on the hub yet"
+		}
+		if apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadAdmitted) {
+			t.Fatalf("the hub admitted the next eu job while its pool's only cluster is cordoned: %s", conditionOf(wl, kueue.WorkloadAdmitted))
+		}
+		reserved := apimeta.FindStatusCondition(wl.Status.Conditions, kueue.WorkloadQuotaReserved)
+		noQuota := reserved != nil && reserved.Status == metav1.ConditionFalse && reserved.Reason == "Pending"
+		waitsOnCheck := reserved != nil && reserved.Status == metav1.ConditionTrue &&
+			slices.ContainsFunc(wl.Status.AdmissionChecks, func(c kueue.AdmissionCheckState) bool { return c.Name == check && c.State == kueue.CheckStatePending })
+		pending = fmt.Sprintf("%s; admission checks %+v", conditionOf(wl, kueue.WorkloadQuotaReserved), wl.Status.AdmissionChecks)
+		return noQuota || waitsOnCheck, pending
+	})
+	t.Logf("the next eu job waits on the hub: %s", pending)
+
+	// The running job is as it was: same object on the worker, running, admitted on
+	// the hub, never evicted.
+	got, ok := workerJob(t, eu, running)
+	switch {
+	case !ok:
+		t.Fatalf("the running job is gone from %s after the cordon", eu.name)
+	case got.UID != remote.UID:
+		t.Errorf("the running job on %s was replaced (UID %s, was %s): it was requeued", eu.name, got.UID, remote.UID)
+	case ptr.Deref(got.Spec.Suspend, false):
+		t.Errorf("the running job on %s was suspended by the cordon", eu.name)
+	}
+	w.neverEvicted(t, running, eu)
+	w.nowhereElse(t, next, nil)
+	var hubNext batchv1.Job
+	if err := w.hub.Client.Get(t.Context(), client.ObjectKeyFromObject(next), &hubNext); err != nil {
+		t.Fatal(err)
+	}
+	if !ptr.Deref(hubNext.Spec.Suspend, false) {
+		t.Errorf("the next eu job runs on the hub's say-so (unsuspended) while its pool is cordoned")
+	}
+}
+
+// blip is how long the tunnel-blip test keeps the agent away.
+const blip = 5 * time.Second
+
+func (w *world) testTunnelBlipIsInvisible(t *testing.T) {
+	eu := w.worker("gpu-eu")
+	j := w.submit(t, "outlives-a-blip", "eu")
+	remote := w.placedOn(t, j, eu)
+	start(t, eu, remote)
+	wl, _ := w.hubWorkload(t, j)
+	admitted := apimeta.FindStatusCondition(wl.Status.Conditions, kueue.WorkloadAdmitted).LastTransitionTime.Time
+
+	// Kueue v0.17.0 requeues a job admitted longer ago than workerLostTimeout when its
+	// watch to the worker ends (kueue#12999): the job must be that old before the cut.
+	// Nothing signals age, so waiting out the clock is the point here, not readiness.
+	if wait := time.Until(admitted.Add(workerLostTimeout + 2*time.Second)); wait > 0 {
+		t.Logf("waiting %s for the job to be older than the hub's workerLostTimeout (%s)", wait.Round(time.Second), workerLostTimeout)
+		time.Sleep(wait)
+	}
+
+	// What Kueue judges of the worker before the cut: a blip it never saw leaves its
+	// Active condition as it was.
+	before := w.activeCondition(t, eu)
+	w.cutAgent(eu)
+	poll.Until(t, "the hub notices the cut", func() (bool, string) {
+		c := apimeta.FindStatusCondition(w.workerCluster(t, eu).Status.Conditions, v1alpha1.ConditionDispatchReady)
+		return c != nil && c.Status != metav1.ConditionTrue, fmt.Sprintf("%v", c)
+	})
+	// A blip as a network cut or an agent pod's restart makes: seconds, well inside
+	// the proxy's resume window, long enough for Kueue's calls to the worker to fail
+	// meanwhile. The length of the cut is the point of this wait, not readiness.
+	time.Sleep(blip)
+	cut := time.Now()
+	w.startAgent(eu)
+	w.dispatchReady(t, eu, metav1.ConditionTrue, v1alpha1.ReasonDispatchable)
+	t.Logf("the agent was away %s; the proxy's resume window is %s", (blip + time.Since(cut)).Round(100*time.Millisecond), resumeWindow)
+
+	// The job finishes where it ran: its completion still reaches the hub over the
+	// redialled tunnel, and it was never evicted or recreated on the way.
+	got, ok := workerJob(t, eu, j)
+	if !ok || got.UID != remote.UID {
+		t.Fatalf("the job on %s was replaced or removed by the blip (found %t, UID %v, was %s)", eu.name, ok, uidOf(got), remote.UID)
+	}
+	complete(t, eu, got)
+	w.finishedOnHub(t, j)
+	w.neverEvicted(t, j, eu)
+	if after := w.activeCondition(t, eu); after.Status != metav1.ConditionTrue || !after.LastTransitionTime.Equal(&before.LastTransitionTime) {
+		t.Errorf("Kueue saw the blip: its MultiKueueCluster went from Active=%s (since %s) to Active=%s %s: %s (since %s)",
+			before.Status, before.LastTransitionTime.Format(time.RFC3339), after.Status, after.Reason, after.Message, after.LastTransitionTime.Format(time.RFC3339))
+	}
+}
+
+// activeCondition is the Active condition of the worker's MultiKueueCluster on the hub.
+func (w *world) activeCondition(t *testing.T, wk *worker) metav1.Condition {
+	t.Helper()
+	var mc kueue.MultiKueueCluster
+	if err := w.hub.Client.Get(t.Context(), client.ObjectKey{Name: wk.identity}, &mc); err != nil {
+		t.Fatalf("reading MultiKueueCluster %s: %v", wk.identity, err)
+	}
+	c := apimeta.FindStatusCondition(mc.Status.Conditions, kueue.MultiKueueClusterActive)
+	if c == nil {
+		t.Fatalf("MultiKueueCluster %s has no Active condition", wk.identity)
+	}
+	return *c
+}
+
+// neverEvicted fails the test if the hub's Kueue ever evicted j's workload or moved it
+// off wk.
+func (w *world) neverEvicted(t *testing.T, j *batchv1.Job, wk *worker) {
+	t.Helper()
+	wl, ok := w.hubWorkload(t, j)
+	if !ok {
+		t.Fatalf("no workload on the hub for job %s", j.Name)
+	}
+	if c := apimeta.FindStatusCondition(wl.Status.Conditions, kueue.WorkloadEvicted); c != nil {
+		t.Errorf("job %s's workload was evicted: %s", j.Name, conditionOf(wl, kueue.WorkloadEvicted))
+	}
+	if s := wl.Status.SchedulingStats; s != nil && len(s.Evictions) > 0 {
+		t.Errorf("job %s's workload counts evictions: %+v", j.Name, s.Evictions)
+	}
+	if got := ptr.Deref(wl.Status.ClusterName, ""); got != wk.identity {
+		t.Errorf("job %s's workload is placed on %q, want %s", j.Name, got, wk.identity)
+	}
+}
+
+func uidOf(j *batchv1.Job) any {
+	if j == nil {
+		return nil
+	}
+	return j.UID
+}
+
+// quotaOf sums a ClusterQueue's nominal quota by resource over its flavors.
+func quotaOf(cq *kueue.ClusterQueue) corev1.ResourceList {
+	out := corev1.ResourceList{}
+	for _, rg := range cq.Spec.ResourceGroups {
+		for _, f := range rg.Flavors {
+			for _, r := range f.Resources {
+				sum := out[r.Name]
+				sum.Add(r.NominalQuota)
+				out[r.Name] = sum
+			}
+		}
+	}
+	return out
+}
+
+func sameQuota(a, b corev1.ResourceList) bool {
+	return slices.Equal(slices.Sorted(maps.Keys(a)), slices.Sorted(maps.Keys(b))) &&
+		!slices.ContainsFunc(slices.Collect(maps.Keys(a)), func(r corev1.ResourceName) bool { q := a[r]; return q.Cmp(b[r]) != 0 })
+}

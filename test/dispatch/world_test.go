@@ -1,0 +1,582 @@
+package dispatch
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"filippo.io/age"
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	configapi "sigs.k8s.io/kueue/apis/config/v1beta2"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
+	"github.com/flotilla-gitops/flotilla/agent"
+	"github.com/flotilla-gitops/flotilla/agent/apply"
+	"github.com/flotilla-gitops/flotilla/agent/inventory"
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	"github.com/flotilla-gitops/flotilla/agent/proxy"
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitnotes"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/reconciler/dispatch"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	fhub "github.com/flotilla-gitops/flotilla/reconciler/hub"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
+	"github.com/flotilla-gitops/flotilla/secrets"
+	"github.com/flotilla-gitops/flotilla/secrets/servingca"
+	"github.com/flotilla-gitops/flotilla/test/controlplane"
+	"github.com/flotilla-gitops/flotilla/test/dispatchtest"
+	"github.com/flotilla-gitops/flotilla/test/fleetgen"
+	"github.com/flotilla-gitops/flotilla/test/gitserver"
+	"github.com/flotilla-gitops/flotilla/test/kueuetest"
+	"github.com/flotilla-gitops/flotilla/test/poll"
+	"github.com/flotilla-gitops/flotilla/test/sopstest"
+)
+
+const (
+	// agentNamespace is the agents' namespace on each worker, as the chart installs it.
+	agentNamespace = "flotilla-system"
+	// proxyCANamespace holds the API proxy's CA Secret on the hub.
+	proxyCANamespace = "flotilla-system"
+	// workerLostTimeout is the hub Kueue's: short, so that the tunnel-blip test can run
+	// a job admitted longer ago than it within the package's time budget. Every test
+	// runs under it, which makes each of them stricter: a watch to a worker that ended
+	// would make Kueue v0.17.0 requeue their running jobs (kueue#12999).
+	workerLostTimeout = 20 * time.Second
+	// resumeWindow is the API proxy's: how long a watch waits for its agent to redial.
+	resumeWindow = time.Minute
+)
+
+// fast liveness, so that a cut tunnel is noticed within a test's patience.
+var fast = protocol.Liveness{Interval: 200 * time.Millisecond, Timeout: time.Second}
+
+// workerSpec is one worker cluster of the fleet.
+type workerSpec struct {
+	name, region, residency string
+	// quota is the cluster.yaml quota, which the worker's ClusterQueue gets.
+	quota map[string]string
+}
+
+// fleetWorkers are the fleet's two clusters: one per residency, so one per pool.
+var fleetWorkers = []workerSpec{
+	{name: "gpu-eu", region: "europe-west4", residency: "eu", quota: map[string]string{"cpu": "8", "memory": "32Gi"}},
+	{name: "gpu-us", region: "us-central1", residency: "us", quota: map[string]string{"cpu": "6", "memory": "24Gi"}},
+}
+
+// worker is one worker cluster as the world runs it.
+type worker struct {
+	workerSpec
+	identity string
+	plane    *controlplane.ControlPlane
+	token    secrets.Token
+	// agentConfig reaches the worker as the agent's ServiceAccount.
+	agentConfig *rest.Config
+	kueue       *kueuetest.Manager
+
+	mu        sync.Mutex
+	stopAgent func()
+}
+
+// world is a hub and its two workers, with real Kueue managers on all three planes,
+// following a fleet repository on a real git server.
+type world struct {
+	tb     testing.TB
+	tenant string
+	ns     string // the tenant's namespace on the hub
+	// workloads is where jobs are submitted, on the hub as on the workers. On the hub it
+	// belongs to the tenant, so each world has its own.
+	workloads string
+	hub       *controlplane.ControlPlane
+	workers   []*worker
+	logs      *logBuffer
+
+	dir   string // the fleet checkout the test edits
+	ids   *secrets.Identities
+	repo  *gitserver.Repo
+	notes *gitnotes.Backend
+	src   *fhub.Source
+
+	tun        *tunnel.Server
+	tunnelAddr string
+	proxyURL   string
+	authority  *servingca.Authority
+	hubKueue   *kueuetest.Manager
+}
+
+// newWorld starts everything for tb, which stops it all when it ends. tenant names the
+// fleet, and workloads its workload namespace, so that two worlds of one test process
+// (a test's and a benchmark's) never share an object.
+func newWorld(tb testing.TB, tenant, workloads string) *world {
+	tb.Helper()
+	ctx := tb.Context()
+	w := &world{tb: tb, tenant: tenant, ns: "tenant-" + tenant, workloads: workloads, hub: planes[0], logs: &logBuffer{}}
+	for i, s := range fleetWorkers {
+		w.workers = append(w.workers, &worker{workerSpec: s, identity: fleet.Identity(tenant, s.name), plane: planes[1+i]})
+	}
+	tb.Cleanup(func() {
+		if tb.Failed() {
+			tb.Logf("last log of the hub and the agents:\n%s", w.logs.last(64<<10))
+		}
+	})
+	// The git server logs every request through the standard logger: into the world's
+	// log, which a failing test shows, rather than between the test's lines.
+	log.SetOutput(w.logs)
+	tb.Cleanup(func() { log.SetOutput(os.Stderr) })
+	// Registered before anything starts, so that it runs once everything has stopped.
+	tb.Cleanup(w.removeObjects)
+	w.startKueue()
+	for _, wk := range w.workers {
+		cfg, err := dispatchtest.InstallAgentRBAC(ctx, wk.plane.Client, wk.plane.Config, agentNamespace, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		wk.agentConfig = cfg
+	}
+	w.createFleet()
+	w.startHub()
+	for _, wk := range w.workers {
+		w.startAgent(wk)
+	}
+	return w
+}
+
+// removeObjects deletes what the world's agents applied on the workers and what its
+// hub applied for the tenant, so that another world of the same test process (a
+// benchmark's after the tests') starts from clean planes: its agents would rightly
+// refuse to adopt the preset's cluster-scoped objects of another identity.
+func (w *world) removeObjects() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	deleteLabelled := func(c client.Client, kinds []schema.GroupVersionKind, sel client.MatchingLabels) {
+		for _, gvk := range kinds {
+			if gvk.Kind == "Namespace" {
+				continue // workload namespaces are never pruned, and other worlds share them
+			}
+			var list unstructured.UnstructuredList
+			list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+			if err := c.List(ctx, &list, sel); err != nil {
+				continue
+			}
+			for i := range list.Items {
+				o := &list.Items[i]
+				_ = c.Delete(ctx, o)
+				// Kueue's managers, which would release their finalizers, have stopped.
+				if len(o.GetFinalizers()) > 0 {
+					_ = c.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+				}
+			}
+		}
+	}
+	for _, wk := range w.workers {
+		deleteLabelled(wk.plane.Client, apply.PruneKinds(), client.MatchingLabels{v1alpha1.WorkerClusterLabel: wk.identity})
+	}
+	hubKinds := []schema.GroupVersionKind{corev1.SchemeGroupVersion.WithKind("Secret")}
+	for _, k := range []string{"MultiKueueCluster", "MultiKueueConfig", "AdmissionCheck", "LocalQueue", "ClusterQueue", "ResourceFlavor"} {
+		hubKinds = append(hubKinds, kueue.GroupVersion.WithKind(k))
+	}
+	deleteLabelled(w.hub.Client, hubKinds, client.MatchingLabels{v1alpha1.TenantLabel: w.tenant})
+}
+
+// startKueue runs the three managers at once: the hub's with the configuration
+// dispatch needs, the workers' with theirs.
+func (w *world) startKueue() {
+	tb := w.tb
+	var g errgroup.Group
+	start := func(plane *controlplane.ControlPlane, cfg *configapi.Configuration, out **kueuetest.Manager) {
+		g.Go(func() error {
+			tail := &logBuffer{}
+			m, err := kueuetest.Start(tb.Context(), plane, kueuetest.Options{Config: cfg, Output: tail})
+			if err != nil {
+				return err
+			}
+			*out = m
+			tb.Cleanup(func() {
+				if tb.Failed() {
+					tb.Logf("last output of the kueue manager on %s:\n%s", plane.Name, tail.last(32<<10))
+				}
+				if err := m.Stop(); err != nil {
+					tb.Error(err)
+				}
+			})
+			return nil
+		})
+	}
+	start(w.hub, dispatch.HubKueueConfiguration(workerLostTimeout), &w.hubKueue)
+	for _, wk := range w.workers {
+		start(wk.plane, dispatch.WorkerKueueConfiguration(), &wk.kueue)
+	}
+	if err := g.Wait(); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// createFleet writes the fleet repository: the template's fleet.yaml for the tenant,
+// its presets, and the two clusters with their enrollment tokens encrypted to the
+// hub's age identity.
+func (w *world) createFleet() {
+	tb := w.tb
+	id := sopstest.NewIdentity(tb)
+	ids, err := secrets.NewIdentities(id)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	fsys := fleetgen.Template()
+	for p := range fsys {
+		if strings.HasPrefix(p, fleet.ClustersDir+"/") {
+			delete(fsys, p)
+		}
+	}
+	fleetYAML := string(fsys["fleet.yaml"].Data)
+	for old, repl := range map[string]string{
+		"tenant: example":   "tenant: " + w.tenant,
+		"    - ml-training": "    - " + w.workloads,
+	} {
+		if !strings.Contains(fleetYAML, old) {
+			tb.Fatalf("the template's fleet.yaml has no %q", old)
+		}
+		fleetYAML = strings.Replace(fleetYAML, old, repl, 1)
+	}
+	fsys["fleet.yaml"].Data = []byte(fleetYAML)
+	w.dir = fleetgen.WriteDir(tb, fsys)
+	sopsConfig := sopstest.WriteConfig(tb, w.dir, sopstest.Rule{PathRegex: sopstest.EnrollmentPathRegex, EncryptedRegex: "^token$", Age: []*age.X25519Identity{id}})
+	for _, wk := range w.workers {
+		if wk.token, err = secrets.NewToken(); err != nil {
+			tb.Fatal(err)
+		}
+		dir := filepath.Join(w.dir, fleet.ClustersDir, wk.name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			tb.Fatal(err)
+		}
+		enrollment, err := secrets.EncryptEnrollment(sopsConfig, filepath.Join(dir, fleet.EnrollmentFile), wk.token)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		writeFile(tb, filepath.Join(dir, fleet.EnrollmentFile), enrollment)
+		writeFile(tb, filepath.Join(dir, fleet.ClusterFile), clusterYAML(wk.workerSpec, false))
+	}
+	srv := gitserver.Start(tb)
+	w.repo = srv.NewRepo(tb, "fleet-"+w.tenant, w.dir)
+	if w.notes, err = gitnotes.New(gitnotes.Options{URL: w.repo.URL()}); err != nil {
+		tb.Fatal(err)
+	}
+	w.ids = ids
+}
+
+// clusterYAML is a worker's cluster.yaml on the template's gpu preset, whose
+// ClusterQueue gets the cluster's quota.
+func clusterYAML(s workerSpec, cordoned bool) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: flotilla.dev/v1alpha1\nkind: WorkerCluster\nmetadata:\n  name: %s\nspec:\n", s.name)
+	fmt.Fprintf(&b, "  region: %s\n  zone: %s-a\n  residency: %s\n  preset: gpu\n  quota:\n", s.region, s.region, s.residency)
+	for _, r := range slices.Sorted(maps.Keys(s.quota)) {
+		fmt.Fprintf(&b, "    %s: %s\n", r, s.quota[r])
+	}
+	fmt.Fprintf(&b, "  cordoned: %t\n", cordoned)
+	return []byte(b.String())
+}
+
+func writeFile(tb testing.TB, p string, data []byte) {
+	tb.Helper()
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// startHub runs the hub in-process as cmd/flotilla-hub wires it: the tunnel on a
+// loopback ws:// listener, the API proxy on its own loopback HTTPS listener with a
+// certificate from the hub's serving CA, the dispatcher, the MultiKueueCluster
+// informer that hands Kueue's judgements to it, and the hub following the fleet.
+func (w *world) startHub() {
+	tb := w.tb
+	ctx, cancel := context.WithCancel(context.Background())
+	var stops []func()
+	tb.Cleanup(func() {
+		cancel()
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	})
+	hc := w.hub.Client
+	logger := w.logs.logger()
+	for _, ns := range []string{w.ns, proxyCANamespace} {
+		if err := hc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
+			tb.Fatal(err)
+		}
+	}
+	status := conditions.NewWriter(hc)
+	tun, err := tunnel.New(tunnel.Options{Client: hc, Status: status, Liveness: fast, AllowInsecureLoopback: true, Log: logger})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w.tun = tun
+	mux := http.NewServeMux()
+	mux.Handle(protocol.Path, tun)
+	tl := listen(tb)
+	w.tunnelAddr = tl.Addr().String()
+	tunnelServer := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = tunnelServer.Serve(tl) }()
+	stops = append(stops, func() { _ = tunnelServer.Close(); tun.Close() })
+
+	w.authority, err = servingca.New(servingca.Options{Client: hc, Secret: types.NamespacedName{Namespace: proxyCANamespace, Name: "flotilla-api-proxy-" + w.tenant},
+		Hosts: []string{"127.0.0.1"}, Labels: map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue}, Log: logger})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := w.authority.Reconcile(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	pl := listen(tb)
+	w.proxyURL = "https://" + pl.Addr().String()
+	// As the hub serves it: no write or idle timeout, a watch lasts as long as Kueue
+	// keeps it.
+	proxyServer := &http.Server{Handler: tunnel.NewProxy(tun, tunnel.ProxyOptions{ResumeWindow: resumeWindow, Log: logger}), ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: w.authority.GetCertificate}}
+	go func() { _ = proxyServer.ServeTLS(pl, "", "") }()
+	stops = append(stops, func() { _ = proxyServer.Close() })
+
+	dispatcher, err := dispatch.New(dispatch.Options{Client: hc, Tokens: tun, ProxyURL: w.proxyURL, ProxyPath: tunnel.ProxyURL,
+		Trust: w.authority.Bundle, Status: status, Log: logger})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w.watchJudgements(ctx, dispatcher, logger)
+
+	h, err := fhub.New(fhub.Options{Client: hc, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: w.ids}),
+		Tunnel: tun, Status: status, Log: logger, Dispatch: dispatcher})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w.src, err = h.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: w.repo.URL(), Branch: "main"}, Tenant: w.tenant, Namespace: w.ns,
+		Statuses: w.notes, Poll: time.Hour})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { w.src.Run(ctx); close(done) }()
+	stops = append(stops, func() { <-done })
+}
+
+// watchJudgements carries every change of the MultiKueueClusters flotilla made over to
+// their WorkerClusters, as cmd/flotilla-hub does.
+func (w *world) watchJudgements(ctx context.Context, d *dispatch.Dispatcher, log *slog.Logger) {
+	tb := w.tb
+	c, err := cache.New(w.hub.Config, cache.Options{Scheme: w.hub.Client.Scheme(),
+		ByObject: map[client.Object]cache.ByObject{&kueue.MultiKueueCluster{}: {
+			Label: labels.SelectorFromSet(labels.Set{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue})}}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	inf, err := c.GetInformer(ctx, &kueue.MultiKueueCluster{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	judge := func(obj any) {
+		if mc, ok := obj.(*kueue.MultiKueueCluster); ok {
+			if err := d.Judged(ctx, mc); err != nil && ctx.Err() == nil {
+				log.Error("recording Kueue's judgement of a worker", "multiKueueCluster", mc.Name, "error", err)
+			}
+		}
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: judge, UpdateFunc: func(_, n any) { judge(n) }}); err != nil {
+		tb.Fatal(err)
+	}
+	go func() { _ = c.Start(ctx) }()
+}
+
+// startAgent runs the worker's agent until stopAgent or the end of the world. Its API
+// proxy forwards as flotilla-dispatch, authenticating as the agent's ServiceAccount.
+func (w *world) startAgent(wk *worker) {
+	tb := w.tb
+	log := w.logs.logger().With("agent", wk.name)
+	ap, err := apply.New(apply.Options{Client: wk.plane.Client, Identity: wk.identity})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	inv, err := inventory.NewCollector(inventory.Options{Client: wk.plane.Client})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ph, err := proxy.New(proxy.Options{Config: wk.agentConfig, Namespace: agentNamespace, Log: log})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	a, err := agent.New(agent.Options{
+		HubURL: "ws://" + w.tunnelAddr, Identity: wk.identity, EnrollmentToken: protocol.Secret(wk.token.Reveal()),
+		CredentialSecret: types.NamespacedName{Namespace: agentNamespace, Name: "flotilla-agent-credential-" + w.tenant},
+		Client:           wk.plane.Client, Liveness: fast, Applier: ap, Inventory: inv, Proxy: ph,
+		Backoff:      wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: time.Second},
+		AgentVersion: "test", KubernetesVersion: "v1.36.3", Log: log,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = a.Run(ctx); close(done) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	wk.mu.Lock()
+	wk.stopAgent = stop
+	wk.mu.Unlock()
+	tb.Cleanup(stop)
+}
+
+// cutAgent stops the worker's agent, as a network cut or a restarted agent pod would.
+func (w *world) cutAgent(wk *worker) {
+	wk.mu.Lock()
+	stop := wk.stopAgent
+	wk.mu.Unlock()
+	stop()
+}
+
+// workerCluster reads the cluster's WorkerCluster on the hub.
+func (w *world) workerCluster(tb testing.TB, wk *worker) *v1alpha1.WorkerCluster {
+	tb.Helper()
+	var wc v1alpha1.WorkerCluster
+	if err := w.hub.Client.Get(tb.Context(), types.NamespacedName{Namespace: w.ns, Name: wk.name}, &wc); err != nil {
+		tb.Fatal(err)
+	}
+	return &wc
+}
+
+// dispatchReady waits for the cluster's DispatchReady to have status and reason.
+func (w *world) dispatchReady(tb testing.TB, wk *worker, status metav1.ConditionStatus, reason string) *v1alpha1.WorkerCluster {
+	tb.Helper()
+	var wc *v1alpha1.WorkerCluster
+	// Not canceled in a cleanup, which restores a cluster after its test.
+	ctx := context.WithoutCancel(tb.Context())
+	poll.Until(tb, fmt.Sprintf("%s: DispatchReady %s (%s)", wk.name, status, reason), func() (bool, string) {
+		var got v1alpha1.WorkerCluster
+		if err := w.hub.Client.Get(ctx, types.NamespacedName{Namespace: w.ns, Name: wk.name}, &got); err != nil {
+			return false, err.Error()
+		}
+		wc = &got
+		c := apimeta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionDispatchReady)
+		if c == nil {
+			return false, "no DispatchReady condition"
+		}
+		return c.Status == status && c.Reason == reason, fmt.Sprintf("%s %s: %s", c.Status, c.Reason, c.Message)
+	})
+	return wc
+}
+
+// commitStatus waits for the cluster's commit status on the commit its state came from
+// to be want, with a description containing contains.
+func (w *world) commitStatus(tb testing.TB, wk *worker, want commitstatus.State, contains string) commitstatus.Status {
+	tb.Helper()
+	var st commitstatus.Status
+	poll.Until(tb, fmt.Sprintf("%s: commit status %s %q", wk.name, want, contains), func() (bool, string) {
+		var wc v1alpha1.WorkerCluster
+		if err := w.hub.Client.Get(tb.Context(), types.NamespacedName{Namespace: w.ns, Name: wk.name}, &wc); err != nil {
+			return false, err.Error()
+		}
+		commit := wc.Annotations[v1alpha1.SourceCommitAnnotation]
+		if commit == "" {
+			return false, "no source commit yet"
+		}
+		got, err := w.notes.Latest(tb.Context(), commit)
+		if err != nil {
+			return false, err.Error()
+		}
+		st = got["flotilla/"+wk.name]
+		return st.State == want && strings.Contains(st.Description, contains), fmt.Sprintf("%.8s: %s: %s", commit, st.State, st.Description)
+	})
+	return st
+}
+
+// commitCluster commits the cluster's cluster.yaml, cordoned or not, and has the hub
+// fetch it as a webhook would.
+func (w *world) commitCluster(tb testing.TB, wk *worker, cordoned bool) string {
+	tb.Helper()
+	p := path.Join(fleet.ClustersDir, wk.name, fleet.ClusterFile)
+	sha := w.repo.Commit("main", fmt.Sprintf("%s: cordoned %t", wk.name, cordoned), map[string][]byte{p: clusterYAML(wk.workerSpec, cordoned)})
+	w.src.Trigger()
+	return sha
+}
+
+// allDispatchable waits until every worker takes work again: what each test starts
+// from.
+func (w *world) allDispatchable(tb testing.TB) {
+	tb.Helper()
+	for _, wk := range w.workers {
+		w.dispatchReady(tb, wk, metav1.ConditionTrue, v1alpha1.ReasonDispatchable)
+	}
+}
+
+func (w *world) worker(name string) *worker {
+	for _, wk := range w.workers {
+		if wk.name == name {
+			return wk
+		}
+	}
+	w.tb.Fatalf("no worker %s", name)
+	return nil
+}
+
+func listen(tb testing.TB) net.Listener {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l
+}
+
+// logBuffer keeps the latest logBufferSize bytes of a component's log, for a failing
+// test: Kueue's managers log a lot.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+const logBufferSize = 256 << 10
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	if over := len(l.buf) - logBufferSize; over > 0 {
+		l.buf = append(l.buf[:0], l.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (l *logBuffer) last(n int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.buf
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
