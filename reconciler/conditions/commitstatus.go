@@ -27,9 +27,9 @@ func CommitStatus(context string, wc *v1alpha1.WorkerCluster) commitstatus.Statu
 		st.State, st.Description = commitstatus.Success, ready.Message
 	case isReady && dispatch != nil && dispatch.Status == metav1.ConditionTrue:
 		st.State, st.Description = commitstatus.Success, ready.Message+" · dispatchable"
-	case isReady && dispatch != nil && dispatch.Reason == v1alpha1.ReasonCordoned:
-		// Configured at the current generation, so its ClusterQueue holds: what the
-		// cordon asked for is done.
+	case isReady && dispatch != nil && dispatch.Reason == v1alpha1.ReasonCordoned && wc.Status.Dispatch.Withdrawn:
+		// Configured at the current generation, so its ClusterQueue holds, and the hub
+		// no longer counts its quota: what the cordon asked for is done.
 		st.State, st.Description = commitstatus.Success, "cordoned · "+ready.Message
 	case isReady && dispatch != nil:
 		st.State, st.Description = commitstatus.Pending, dispatch.Message

@@ -72,6 +72,9 @@ func dispatchReadiness(wc *v1alpha1.WorkerCluster) (metav1.ConditionStatus, stri
 		return metav1.ConditionFalse, v1alpha1.ReasonAgentTooOld, fmt.Sprintf("the agent speaks tunnel protocol %d; dispatch needs %d: upgrade the agent", a.ProtocolVersion, protocol.ProxyVersion)
 	}
 	if wc.Spec.Cordoned {
+		if !d.Withdrawn {
+			return metav1.ConditionFalse, v1alpha1.ReasonCordoned, "cordoned in Git: waiting for the hub's Kueue to stop counting its quota; running work continues"
+		}
 		return metav1.ConditionFalse, v1alpha1.ReasonCordoned, "cordoned in Git: no new work is dispatched to it; running work continues"
 	}
 	switch a := d.Active; {

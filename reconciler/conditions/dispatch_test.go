@@ -21,7 +21,7 @@ func configuredWorker(protocolVersion int32) *v1alpha1.WorkerCluster {
 
 func placed(p v1alpha1.DispatchPlacement, active *v1alpha1.KueueCondition) func(*v1alpha1.WorkerCluster) *v1alpha1.WorkerCluster {
 	return func(wc *v1alpha1.WorkerCluster) *v1alpha1.WorkerCluster {
-		Placed{Pool: "eu", Placement: p}.record(wc)
+		Placed{Pool: "eu", Placement: p, Withdrawn: wc.Spec.Cordoned}.record(wc)
 		KueueJudged{Active: active}.record(wc)
 		return wc
 	}
@@ -29,6 +29,12 @@ func placed(p v1alpha1.DispatchPlacement, active *v1alpha1.KueueCondition) func(
 
 func cordoned(wc *v1alpha1.WorkerCluster) *v1alpha1.WorkerCluster {
 	wc.Spec.Cordoned = true
+	return wc
+}
+
+// notWithdrawn is a cordon the hub's Kueue does not yet reflect.
+func notWithdrawn(wc *v1alpha1.WorkerCluster) *v1alpha1.WorkerCluster {
+	wc.Status.Dispatch.Withdrawn = false
 	return wc
 }
 
@@ -56,9 +62,11 @@ func TestDispatchReady(t *testing.T) {
 			"False/AwaitingKueue", commitstatus.Pending, "waiting for the hub's Kueue"},
 		{"Kueue's reason and message are carried through", placed(v1alpha1.PlacementMember, activeFalse)(configuredWorker(2)),
 			"False/ClientConnectionFailed", commitstatus.Pending, `no matches for kind "JobSet"`},
-		{"a cordoned cluster that holds is done, and not dispatchable", cordoned(placed(v1alpha1.PlacementMember, activeTrue)(configuredWorker(2))),
+		{"a cordoned cluster that holds is done, and not dispatchable", placed(v1alpha1.PlacementMember, activeTrue)(cordoned(configuredWorker(2))),
 			"False/Cordoned", commitstatus.Success, "cordoned"},
-		{"a cordon not yet applied is not done", cordoned(reportOf(1)(placed(v1alpha1.PlacementMember, activeTrue)(configuredWorker(2)))),
+		{"a cordon the hub still counts the quota of is not done", notWithdrawn(placed(v1alpha1.PlacementMember, activeTrue)(cordoned(configuredWorker(2)))),
+			"False/Cordoned", commitstatus.Pending, "waiting for the hub's Kueue to stop counting its quota"},
+		{"a cordon not yet applied is not done", reportOf(1)(placed(v1alpha1.PlacementMember, activeTrue)(cordoned(configuredWorker(2)))),
 			"False/OutdatedGeneration", commitstatus.Pending, "waiting for the agent to apply generation 2"},
 		{"a cluster over its pool's limit says how to declare pools", placed(v1alpha1.PlacementPoolFull, nil)(configuredWorker(2)),
 			"False/PoolFull", commitstatus.Pending, "spec.dispatch.pools"},

@@ -228,6 +228,8 @@ func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 type Placed struct {
 	Pool      string
 	Placement v1alpha1.DispatchPlacement
+	// Withdrawn: the hub's pool ClusterQueue no longer counts the cluster's quota.
+	Withdrawn bool
 }
 
 func (f Placed) record(wc *v1alpha1.WorkerCluster) {
@@ -235,7 +237,7 @@ func (f Placed) record(wc *v1alpha1.WorkerCluster) {
 	if d == nil {
 		d = &v1alpha1.DispatchStatus{}
 	}
-	d.Pool, d.Placement = f.Pool, f.Placement
+	d.Pool, d.Placement, d.Withdrawn = f.Pool, f.Placement, f.Withdrawn
 	if f.Placement != v1alpha1.PlacementMember && f.Placement != v1alpha1.PlacementDraining {
 		d.Active = nil // no MultiKueueCluster to judge
 	}

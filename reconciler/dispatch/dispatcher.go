@@ -125,6 +125,7 @@ func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha
 		return fmt.Errorf("tenant %s: %w", t.Name, errors.Join(errs...))
 	}
 	res := ap.Apply(ctx, ds)
+	applied := res.Complete()
 	for _, r := range res.Results {
 		if r.Action == protocol.ActionRefused || r.Action == protocol.ActionFailed {
 			errs = append(errs, fmt.Errorf("%s %s/%s: %s", r.Kind, r.Namespace, r.Name, r.Message))
@@ -149,10 +150,17 @@ func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha
 				pool = w.Pool
 			}
 		}
-		if cur := wc.Status.Dispatch; cur != nil && cur.Pool == pool && cur.Placement == placement {
+		withdrawn := layout.Withdrawn[id]
+		if !applied {
+			// The ClusterQueue may not have taken the change: claim no more than before.
+			withdrawn = withdrawn && wc.Status.Dispatch != nil && wc.Status.Dispatch.Withdrawn
+		}
+		if cur := wc.Status.Dispatch; cur != nil && cur.Pool == pool && cur.Placement == placement && cur.Withdrawn == withdrawn {
 			continue
 		}
-		if _, err := d.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), conditions.Placed{Pool: pool, Placement: placement}); err != nil && !apierrors.IsNotFound(err) {
+		// Recorded after the apply: Withdrawn says the hub's ClusterQueue already
+		// stopped counting the cluster's quota.
+		if _, err := d.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), conditions.Placed{Pool: pool, Placement: placement, Withdrawn: withdrawn}); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, err)
 		}
 	}

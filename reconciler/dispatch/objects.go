@@ -53,6 +53,8 @@ type Layout struct {
 	Objects []*unstructured.Unstructured
 	// Placement of each registered worker, by identity.
 	Placement map[string]v1alpha1.DispatchPlacement
+	// Withdrawn are the members whose quota the pool's ClusterQueue does not count.
+	Withdrawn map[string]bool
 	// Members are the registered workers in a MultiKueueConfig, by identity: each needs a
 	// kubeconfig Secret.
 	Members []Worker
@@ -68,7 +70,7 @@ func KubeConfigSecretName(identity string) string { return "flotilla-" + identit
 // Build lays out a tenant's hub objects. It is a pure function of Git and of the
 // registrations, so that the same fleet always yields the same objects.
 func Build(t Tenant, hubNamespaces map[string]bool) Layout {
-	out := Layout{Placement: map[string]v1alpha1.DispatchPlacement{}}
+	out := Layout{Placement: map[string]v1alpha1.DispatchPlacement{}, Withdrawn: map[string]bool{}}
 	if !t.Enabled {
 		for _, w := range t.Workers {
 			if !w.Registered.IsZero() {
@@ -99,6 +101,7 @@ func Build(t Tenant, hubNamespaces map[string]bool) Layout {
 			}
 			members = append(members, w)
 			out.Placement[w.Identity] = v1alpha1.PlacementMember
+			out.Withdrawn[w.Identity] = w.Cordoned || w.Draining
 			if w.Draining {
 				out.Placement[w.Identity] = v1alpha1.PlacementDraining
 			}

@@ -82,6 +82,9 @@ func TestBuildGivesEachPoolItsQueueAndOnlyRegisteredClusters(t *testing.T) {
 			t.Errorf("%s lacks the tenant's ownership labels: %v", o.GetName(), o.GetLabels())
 		}
 	}
+	if !l.Withdrawn["4-acme-c"] || l.Withdrawn["4-acme-a"] {
+		t.Errorf("withdrawn %v, want the cordoned c alone", l.Withdrawn)
+	}
 	if _, ok := l.Placement["4-acme-late"]; ok {
 		t.Error("an unregistered cluster has a placement")
 	}

@@ -54,7 +54,7 @@ func (s *Source) drain(ctx context.Context, wc *v1alpha1.WorkerCluster, head str
 		}
 		s.hub.opts.Tunnel.Push(key, identity, ds)
 	}
-	if _, err := s.hub.opts.Status.Record(ctx, key, conditions.Placed{Pool: wc.Status.Dispatch.Pool, Placement: v1alpha1.PlacementDraining}); err != nil {
+	if _, err := s.hub.opts.Status.Record(ctx, key, conditions.Placed{Pool: wc.Status.Dispatch.Pool, Placement: v1alpha1.PlacementDraining, Withdrawn: wc.Status.Dispatch.Withdrawn}); err != nil {
 		return err
 	}
 	s.wakeDispatch()

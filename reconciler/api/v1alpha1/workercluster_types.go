@@ -229,6 +229,11 @@ type DispatchStatus struct {
 	// Placement says whether the cluster is in its pool's MultiKueueConfig.
 	// +optional
 	Placement DispatchPlacement `json:"placement,omitempty"`
+	// Withdrawn is set once the hub's pool ClusterQueue no longer counts the cluster's
+	// quota (it is cordoned or draining): a cordon is in force on the hub, not only on
+	// the worker.
+	// +optional
+	Withdrawn bool `json:"withdrawn,omitempty"`
 	// Active is the Active condition of the cluster's MultiKueueCluster as Kueue judges
 	// it: whether Kueue reaches the worker.
 	// +optional
