@@ -56,7 +56,7 @@ bench: testbin
 	$(TESTBIN_ENV) $(GO) test -run '^$$' -bench . -benchtime 3x ./test/e2e/ | tee -a bin/bench.txt
 	# Dispatch: the watches of idle workers through the proxy, submit-to-worker latency and
 	# the proxy's overhead, with the real Kueue managers; each sets up its own world once.
-	$(TESTBIN_ENV) $(GO) test -run '^$$' -bench IdleWorker -benchtime 1x ./reconciler/tunnel/ | tee -a bin/bench.txt
+	$(TESTBIN_ENV) $(GO) test -run '^$$' -bench 'IdleWorker|HubMemory' -benchtime 1x ./reconciler/tunnel/ | tee -a bin/bench.txt
 	$(TESTBIN_ENV) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 20m ./test/dispatch/ | tee -a bin/bench.txt
 	$(GO) run $(BENCHSTAT) bin/bench.txt
 

@@ -2,6 +2,7 @@ package tunnel_test
 
 import (
 	"context"
+	"encoding/pem"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -137,4 +138,52 @@ func inUse() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapInuse + m.StackInuse
+}
+
+// BenchmarkHubMemoryPerIdleWorker is the hub's own cost of the watches MultiKueue holds
+// open to an idle worker (three: Workloads, Jobs, JobSets) through the proxy, beyond the
+// worker's tunnel: the agents and the watchers run in another process, so the heap and
+// stacks measured here are the hub's alone.
+func BenchmarkHubMemoryPerIdleWorker(b *testing.B) {
+	const workers = 200
+	h := startProxyHub(b, tunnel.ProxyOptions{})
+	send, expect := peersProcess(b)
+	var cs []*cluster
+	plan := peerPlan{HubURL: h.url()}
+	for i := range workers {
+		c := newCluster(b, fmt.Sprintf("mem-%03d", i))
+		h.srv.Push(c.key(), c.identity, &protocol.DesiredState{Generation: 1, Hash: "h1"})
+		cs = append(cs, c)
+		plan.Agents = append(plan.Agents, peerAgent{Identity: c.identity, Token: c.token.Reveal()})
+	}
+	send(plan)
+	expect("CONNECTED")
+	eventually(b, "every agent connected", func() (bool, string) {
+		n := 0
+		for _, c := range cs {
+			if h.srv.Connected(c.identity) {
+				n++
+			}
+		}
+		return n == workers, fmt.Sprint(n)
+	})
+	watch := peerPlan{Proxy: h.proxy.URL, CA: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: h.proxy.Certificate().Raw}))}
+	sel := "?labelSelector=" + url.QueryEscape("kueue.x-k8s.io/multikueue-origin=flotilla-hub") + "&watch=true&allowWatchBookmarks=true"
+	for _, c := range cs {
+		tok, err := h.srv.IssueProxyToken(b.Context(), c.wc(b))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, p := range []string{"/apis/kueue.x-k8s.io/v1beta2/workloads", "/apis/batch/v1/jobs", "/apis/jobset.x-k8s.io/v1alpha2/jobsets"} {
+			watch.Watch = append(watch.Watch, peerWatch{Identity: c.identity, Token: tok.Reveal(), Path: p + sel})
+		}
+	}
+	before, beforeG := inUse(), runtime.NumGoroutine()
+	send(watch)
+	expect("WATCHING")
+	after, afterG := inUse(), runtime.NumGoroutine()
+	for b.Loop() {
+	}
+	b.ReportMetric(float64(after-before)/workers, "B/idle-worker")
+	b.ReportMetric(float64(afterG-beforeG)/workers, "goroutines/idle-worker")
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +40,9 @@ import (
 var planes []*controlplane.ControlPlane
 
 func TestMain(m *testing.M) {
+	if os.Getenv(peersEnv) != "" {
+		os.Exit(runPeers())
+	}
 	// The informer caches log through controller-runtime; the tests read the hub's own log.
 	ctrllog.SetLogger(logr.Discard())
 	controlplane.Main(m, 1, &planes, controlplane.Options{})

@@ -122,7 +122,9 @@ func (p *Proxy) openWatch(ctx context.Context, in *http.Request, identity string
 		_ = conn.Close()
 		return nil, sess, err
 	}
-	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 4<<10), out)
+	// A small buffer: an idle watch holds it for as long as it lasts, and events larger
+	// than it are simply read in several pieces.
+	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 1<<10), out)
 	if err != nil {
 		stop()
 		_ = conn.Close()
