@@ -130,7 +130,13 @@ func (s *Source) checkDrain(ctx context.Context, key client.ObjectKey, policy v1
 	if err := s.hub.opts.Client.Patch(ctx, &wc, patch); err != nil {
 		return err
 	}
-	return s.decommission(ctx, &wc, wc.Annotations[v1alpha1.SourceCommitAnnotation], policy)
+	if err := s.decommission(ctx, &wc, wc.Annotations[v1alpha1.SourceCommitAnnotation], policy); err != nil {
+		return err
+	}
+	// The decommission takes the cluster out of the hub's Kueue: its MultiKueueCluster
+	// goes now, not at the next resync minutes later.
+	s.wakeDispatch()
+	return nil
 }
 
 // holding is ds with every ClusterQueue holding: admitted work runs on, nothing new is

@@ -54,7 +54,7 @@ const watchedLabel = "flotilla.dev/bench-watched"
 //
 //	go test -run '^$' -bench Dispatch -benchtime 1x ./test/dispatch/
 func BenchmarkDispatch(b *testing.B) {
-	w := newWorld(b, "bench", "ml-bench")
+	w := newWorld(b, worldOptions{tenant: "bench", workloads: "ml-bench"})
 	w.allDispatchable(b)
 	b.Run("SubmitToWorker", w.benchSubmitToWorker)
 	b.Run("ProxyOverhead", w.benchProxyOverhead)

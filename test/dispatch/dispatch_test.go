@@ -24,7 +24,7 @@ import (
 // TestDispatchThroughTheTunnel runs one hub, two workers and their Kueue managers for
 // all of its subtests, which run in order and each leave both clusters dispatchable.
 func TestDispatchThroughTheTunnel(t *testing.T) {
-	w := newWorld(t, "acme", "ml")
+	w := newWorld(t, worldOptions{tenant: "acme", workloads: "ml"})
 	for _, tc := range []struct {
 		name string
 		run  func(*testing.T)

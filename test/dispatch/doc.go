@@ -19,12 +19,20 @@
 //     longer ago than the hub's workerLostTimeout, and DispatchReady returns;
 //   - the proxy refuses what MultiKueue does not need (Secrets, ConfigMaps, pods/exec,
 //     another worker's path) with the worker's own token, and refuses a wrong or another
-//     worker's token without saying why.
+//     worker's token without saying why;
+//   - removal drains first: a cluster removed from Git while a job placed on it runs
+//     takes no new work (DispatchReady Draining, its ClusterQueue held) but keeps its
+//     place in the hub's Kueue, the job runs on untouched and the agent keeps its
+//     credential well past the hub's StaleAfter; once the job finished, or once
+//     fleet.yaml's drainGracePeriod is over for one that never does, the
+//     MultiKueueCluster goes, the agent prunes what it applied and is revoked, and the
+//     commit says decommissioned.
 //
 // TestMain starts the three planes once for the package. TestDispatchThroughTheTunnel
 // starts the rest once (newWorld) and runs its subtests in order on it, each leaving
-// both clusters dispatchable; BenchmarkDispatch starts a world of its own, with another
-// tenant and workload namespace, so that both may run in one process. The Kueue
+// both clusters dispatchable. TestRemovalDrainsFirst, which removes both clusters, and
+// BenchmarkDispatch each start a world of their own after it, with another tenant and
+// workload namespace, so that all may run in one process. The Kueue
 // managers belong to a world rather than to TestMain, because controlplane.Main runs
 // the tests itself and a world's managers are stopped, with their webhooks, before its
 // planes' objects are cleaned up.

@@ -105,12 +105,22 @@ type worker struct {
 	stopAgent func()
 }
 
+// worldOptions say what sets the worlds of one test process apart.
+type worldOptions struct {
+	// tenant names the fleet, and workloads its workload namespace, so that two worlds
+	// of one test process never share an object.
+	tenant, workloads string
+	// staleAfter is the hub's StaleAfter; zero keeps the hub's default.
+	staleAfter time.Duration
+}
+
 // world is a hub and its two workers, with real Kueue managers on all three planes,
 // following a fleet repository on a real git server.
 type world struct {
-	tb     testing.TB
-	tenant string
-	ns     string // the tenant's namespace on the hub
+	tb         testing.TB
+	tenant     string
+	ns         string // the tenant's namespace on the hub
+	staleAfter time.Duration
 	// workloads is where jobs are submitted, on the hub as on the workers. On the hub it
 	// belongs to the tenant, so each world has its own.
 	workloads string
@@ -118,11 +128,13 @@ type world struct {
 	workers   []*worker
 	logs      *logBuffer
 
-	dir   string // the fleet checkout the test edits
-	ids   *secrets.Identities
-	repo  *gitserver.Repo
-	notes *gitnotes.Backend
-	src   *fhub.Source
+	dir string // the fleet checkout the test edits
+	// fleetYAML is the fleet.yaml of the first commit, which a test may extend.
+	fleetYAML string
+	ids       *secrets.Identities
+	repo      *gitserver.Repo
+	notes     *gitnotes.Backend
+	src       *fhub.Source
 
 	tun        *tunnel.Server
 	tunnelAddr string
@@ -131,15 +143,15 @@ type world struct {
 	hubKueue   *kueuetest.Manager
 }
 
-// newWorld starts everything for tb, which stops it all when it ends. tenant names the
-// fleet, and workloads its workload namespace, so that two worlds of one test process
-// (a test's and a benchmark's) never share an object.
-func newWorld(tb testing.TB, tenant, workloads string) *world {
+// newWorld starts everything for tb, which stops it all when it ends. The worlds of one
+// test process (the tests' and a benchmark's) run one after another, on the same
+// planes, each with its own tenant.
+func newWorld(tb testing.TB, opts worldOptions) *world {
 	tb.Helper()
 	ctx := tb.Context()
-	w := &world{tb: tb, tenant: tenant, ns: "tenant-" + tenant, workloads: workloads, hub: planes[0], logs: &logBuffer{}}
+	w := &world{tb: tb, tenant: opts.tenant, ns: "tenant-" + opts.tenant, workloads: opts.workloads, staleAfter: opts.staleAfter, hub: planes[0], logs: &logBuffer{}}
 	for i, s := range fleetWorkers {
-		w.workers = append(w.workers, &worker{workerSpec: s, identity: fleet.Identity(tenant, s.name), plane: planes[1+i]})
+		w.workers = append(w.workers, &worker{workerSpec: s, identity: fleet.Identity(opts.tenant, s.name), plane: planes[1+i]})
 	}
 	tb.Cleanup(func() {
 		if tb.Failed() {
@@ -203,6 +215,31 @@ func (w *world) removeObjects() {
 		hubKinds = append(hubKinds, kueue.GroupVersion.WithKind(k))
 	}
 	deleteLabelled(w.hub.Client, hubKinds, client.MatchingLabels{v1alpha1.TenantLabel: w.tenant})
+	// Kueue's Workloads outlive their deleted Jobs here: no garbage collector runs on a
+	// test plane. A Workload left admitted on a worker would count against the next
+	// world's ClusterQueue of the same name there, and hold it behind Kueue's finalizer
+	// when that world's agent prunes it.
+	for _, c := range append([]client.Client{w.hub.Client}, workerClients(w.workers)...) {
+		var list kueue.WorkloadList
+		if err := c.List(ctx, &list, client.InNamespace(w.workloads)); err != nil {
+			continue
+		}
+		for i := range list.Items {
+			wl := &list.Items[i]
+			_ = c.Delete(ctx, wl)
+			if len(wl.Finalizers) > 0 {
+				_ = c.Patch(ctx, wl, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+			}
+		}
+	}
+}
+
+func workerClients(workers []*worker) []client.Client {
+	out := make([]client.Client, 0, len(workers))
+	for _, wk := range workers {
+		out = append(out, wk.plane.Client)
+	}
+	return out
 }
 
 // startKueue runs the three managers at once: the hub's with the configuration
@@ -265,6 +302,7 @@ func (w *world) createFleet() {
 		fleetYAML = strings.Replace(fleetYAML, old, repl, 1)
 	}
 	fsys["fleet.yaml"].Data = []byte(fleetYAML)
+	w.fleetYAML = fleetYAML
 	w.dir = fleetgen.WriteDir(tb, fsys)
 	sopsConfig := sopstest.WriteConfig(tb, w.dir, sopstest.Rule{PathRegex: sopstest.EnrollmentPathRegex, EncryptedRegex: "^token$", Age: []*age.X25519Identity{id}})
 	for _, wk := range w.workers {
@@ -370,7 +408,7 @@ func (w *world) startHub() {
 	w.watchJudgements(ctx, dispatcher, logger)
 
 	h, err := fhub.New(fhub.Options{Client: hc, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: w.ids}),
-		Tunnel: tun, Status: status, Log: logger, Dispatch: dispatcher})
+		Tunnel: tun, Status: status, Log: logger, Dispatch: dispatcher, StaleAfter: w.staleAfter})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -492,22 +530,32 @@ func (w *world) dispatchReady(tb testing.TB, wk *worker, status metav1.Condition
 // to be want, with a description containing contains.
 func (w *world) commitStatus(tb testing.TB, wk *worker, want commitstatus.State, contains string) commitstatus.Status {
 	tb.Helper()
+	return w.commitStatusOn(tb, wk, "", want, contains)
+}
+
+// commitStatusOn waits for the cluster's commit status on commit to be want, with a
+// description containing contains. An empty commit is the one the cluster's state came
+// from, as its WorkerCluster says.
+func (w *world) commitStatusOn(tb testing.TB, wk *worker, commit string, want commitstatus.State, contains string) commitstatus.Status {
+	tb.Helper()
 	var st commitstatus.Status
 	poll.Until(tb, fmt.Sprintf("%s: commit status %s %q", wk.name, want, contains), func() (bool, string) {
-		var wc v1alpha1.WorkerCluster
-		if err := w.hub.Client.Get(tb.Context(), types.NamespacedName{Namespace: w.ns, Name: wk.name}, &wc); err != nil {
-			return false, err.Error()
+		sha := commit
+		if sha == "" {
+			var wc v1alpha1.WorkerCluster
+			if err := w.hub.Client.Get(tb.Context(), types.NamespacedName{Namespace: w.ns, Name: wk.name}, &wc); err != nil {
+				return false, err.Error()
+			}
+			if sha = wc.Annotations[v1alpha1.SourceCommitAnnotation]; sha == "" {
+				return false, "no source commit yet"
+			}
 		}
-		commit := wc.Annotations[v1alpha1.SourceCommitAnnotation]
-		if commit == "" {
-			return false, "no source commit yet"
-		}
-		got, err := w.notes.Latest(tb.Context(), commit)
+		got, err := w.notes.Latest(tb.Context(), sha)
 		if err != nil {
 			return false, err.Error()
 		}
 		st = got["flotilla/"+wk.name]
-		return st.State == want && strings.Contains(st.Description, contains), fmt.Sprintf("%.8s: %s: %s", commit, st.State, st.Description)
+		return st.State == want && strings.Contains(st.Description, contains), fmt.Sprintf("%.8s: %s: %s", sha, st.State, st.Description)
 	})
 	return st
 }
@@ -518,6 +566,22 @@ func (w *world) commitCluster(tb testing.TB, wk *worker, cordoned bool) string {
 	tb.Helper()
 	p := path.Join(fleet.ClustersDir, wk.name, fleet.ClusterFile)
 	sha := w.repo.Commit("main", fmt.Sprintf("%s: cordoned %t", wk.name, cordoned), map[string][]byte{p: clusterYAML(wk.workerSpec, cordoned)})
+	w.src.Trigger()
+	return sha
+}
+
+// removeCluster commits the removal of the cluster's directory, with fleetChange, when
+// set, as fleet.yaml in the same commit, and has the hub fetch it as a webhook would.
+func (w *world) removeCluster(tb testing.TB, wk *worker, fleetChange []byte) string {
+	tb.Helper()
+	changes := map[string][]byte{
+		path.Join(fleet.ClustersDir, wk.name, fleet.ClusterFile):    nil,
+		path.Join(fleet.ClustersDir, wk.name, fleet.EnrollmentFile): nil,
+	}
+	if fleetChange != nil {
+		changes["fleet.yaml"] = fleetChange
+	}
+	sha := w.repo.Commit("main", wk.name+": removed", changes)
 	w.src.Trigger()
 	return sha
 }
