@@ -128,8 +128,10 @@ func TestTheSecretRoundTripsAndCorruptionIsAnError(t *testing.T) {
 		t.Fatal("a decoded state rotates again at once")
 	}
 	for name, edit := range map[string]func(map[string][]byte){
-		"a key missing":     func(d map[string][]byte) { delete(d, keyCAKeys) },
-		"garbage":           func(d map[string][]byte) { d[keyCACerts] = []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n") },
+		"a key missing": func(d map[string][]byte) { delete(d, keyCAKeys) },
+		"garbage": func(d map[string][]byte) {
+			d[keyCACerts] = []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+		},
 		"swapped key types": func(d map[string][]byte) { d[keyCAKeys] = d[keyCACerts] },
 		"another key":       func(d map[string][]byte) { d[keyCAKeys] = d[keyTLSKey] },
 	} {
