@@ -461,3 +461,55 @@ func TestAWatchTheWorkerEndsEndsForTheWatcher(t *testing.T) {
 		t.Fatalf("a watch the worker ended was taken up again: %v", a.seen.paths)
 	}
 }
+
+// A watcher that stops reading holds up its own watch only: flow control stops that
+// stream, and the same worker's other requests, and other workers', go on.
+func TestASlowWatcherHoldsUpNoOneElse(t *testing.T) {
+	h := startProxyHub(t, tunnel.ProxyOptions{})
+	a := h.enrollProxied(t, "slow-a")
+	b := h.enrollProxied(t, "slow-b")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// Opened and never read: its events pile up until every window on the way is full.
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.proxy.URL+tunnel.ProxyPathPrefix+a.identity+"/api/v1/namespaces/"+a.ns+"/configmaps?watch=true", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token.Reveal())
+	resp, err := h.proxy.Client().Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("watch: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	// About 8 MiB of events: beyond Go's HTTP/2 stream window of 4 MiB and yamux's of
+	// 256 KiB, so the watch's writers on the hub and the agent block.
+	payload := strings.Repeat("x", 160<<10)
+	for i := range 52 {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: a.ns, Name: fmt.Sprintf("big-%02d", i)}, Data: map[string]string{"x": payload}}
+		if err := admin().Create(t.Context(), cm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []*proxied{a, b} {
+		got := make(chan string, 1)
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, h.proxy.URL+tunnel.ProxyPathPrefix+c.identity+"/api/v1/namespaces/"+c.ns, nil)
+			req.Header.Set("Authorization", "Bearer "+c.token.Reveal())
+			r, err := h.proxy.Client().Do(req)
+			if err != nil {
+				got <- err.Error()
+				return
+			}
+			_ = r.Body.Close()
+			got <- r.Status
+		}()
+		select {
+		case st := <-got:
+			if st != "200 OK" {
+				t.Fatalf("%s beside a stuck watch: %s", c.identity, st)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: a request waited 30 s behind a watcher that stopped reading", c.identity)
+		}
+	}
+}
