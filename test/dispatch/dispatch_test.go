@@ -1,14 +1,17 @@
 package dispatch
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,6 +35,7 @@ func TestDispatchThroughTheTunnel(t *testing.T) {
 		{"both clusters turn dispatch-ready and the hub keeps their Kueue objects", w.testReady},
 		{"a job runs on its pool's worker only and its completion reaches the hub", w.testJobsStayInTheirPool},
 		{"the proxy refuses what MultiKueue does not need and any token but the worker's", w.testProxyRefuses},
+		{"another tenant's job never reaches this tenant's workers", w.testTenantsStayApart},
 		{"a cordon keeps the running job and holds the next one on the hub", w.testCordonKeepsRunningWork},
 		{"a tunnel blip within the resume window keeps a job admitted before workerLostTimeout", w.testTunnelBlipIsInvisible},
 	} {
@@ -39,6 +43,55 @@ func TestDispatchThroughTheTunnel(t *testing.T) {
 			w.allDispatchable(t)
 			tc.run(t)
 		})
+	}
+}
+
+// testTenantsStayApart submits, from a namespace of another tenant on the hub, a job to
+// a LocalQueue of its own that names this tenant's pool ClusterQueue: the ClusterQueue
+// admits only from the tenant's namespaces, so Kueue holds the job and no worker of
+// this tenant ever gets it.
+func (w *world) testTenantsStayApart(t *testing.T) {
+	ctx, hc := t.Context(), w.hub.Client
+	ns := "intruder-" + w.tenant
+	if err := hc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{v1alpha1.TenantLabel: "intruder"}}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = hc.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	})
+	lq := &kueue.LocalQueue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "eu"}, Spec: kueue.LocalQueueSpec{ClusterQueue: kueue.ClusterQueueReference(w.tenant + "-eu")}}
+	if err := hc.Create(ctx, lq); err != nil {
+		t.Fatal(err)
+	}
+	j := w.newJob("intruder", "eu")
+	j.Namespace = ns
+	if err := hc.Create(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = hc.Delete(context.Background(), j, client.PropagationPolicy(metav1.DeletePropagationBackground))
+	})
+	// Kueue's verdict, not a quiet moment: the workload is held for the namespace.
+	poll.Until(t, "Kueue refuses the other tenant's workload", func() (bool, string) {
+		var list kueue.WorkloadList
+		if err := hc.List(ctx, &list, client.InNamespace(ns)); err != nil || len(list.Items) == 0 {
+			return false, fmt.Sprint("no workload yet ", err)
+		}
+		c := apimeta.FindStatusCondition(list.Items[0].Status.Conditions, kueue.WorkloadQuotaReserved)
+		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "namespace doesn't match ClusterQueue selector"), fmt.Sprintf("%+v", c)
+	})
+	for _, wk := range w.workers {
+		var jobs batchv1.JobList
+		if err := wk.plane.Client.List(ctx, &jobs, client.InNamespace(ns)); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		if len(jobs.Items) > 0 {
+			t.Fatalf("the other tenant's job reached %s", wk.name)
+		}
+	}
+	var hubJob batchv1.Job
+	if err := hc.Get(ctx, client.ObjectKeyFromObject(j), &hubJob); err != nil || hubJob.Spec.Suspend == nil || !*hubJob.Spec.Suspend {
+		t.Fatalf("the other tenant's job is not held suspended on the hub: %v %v", hubJob.Spec.Suspend, err)
 	}
 }
 

@@ -17,6 +17,8 @@
 //     the next job of the pool waits on the hub instead of going anywhere else;
 //   - a tunnel cut and redial within the proxy's resume window keeps a job admitted
 //     longer ago than the hub's workerLostTimeout, and DispatchReady returns;
+//   - another tenant's job, from its own namespace and LocalQueue naming this tenant's
+//     pool ClusterQueue, is held by Kueue on the hub and reaches no worker;
 //   - the proxy refuses what MultiKueue does not need (Secrets, ConfigMaps, pods/exec,
 //     another worker's path) with the worker's own token, and refuses a wrong or another
 //     worker's token without saying why;
