@@ -16,6 +16,7 @@ import (
 	"github.com/getsops/sops/v3/logging"
 	"github.com/sirupsen/logrus"
 
+	"github.com/flotilla-gitops/flotilla/test/logtest"
 	"github.com/flotilla-gitops/flotilla/test/sopstest"
 )
 
@@ -53,8 +54,8 @@ func decryptor(t testing.TB, ids ...*age.X25519Identity) *Decryptor {
 
 // captureSOPSLogs turns SOPS's own loggers up to debug into a buffer, so that a test can
 // check that not even the library's debug output carries a token.
-func captureSOPSLogs(t *testing.T) *syncBuffer {
-	buf := &syncBuffer{}
+func captureSOPSLogs(t *testing.T) *logtest.Buffer {
+	buf := &logtest.Buffer{}
 	for _, l := range logging.Loggers {
 		out, level := l.Out, l.GetLevel()
 		l.SetOutput(buf)
@@ -62,23 +63,6 @@ func captureSOPSLogs(t *testing.T) *syncBuffer {
 		t.Cleanup(func() { l.SetOutput(out); l.SetLevel(level) })
 	}
 	return buf
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestEncryptThenDecryptGivesTheTokensHash(t *testing.T) {

@@ -13,7 +13,6 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -36,6 +35,7 @@ import (
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	"github.com/flotilla-gitops/flotilla/agent/proxy"
+	"github.com/flotilla-gitops/flotilla/test/logtest"
 	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
@@ -94,32 +94,14 @@ func agentTokenKubeconfig(t *testing.T) string {
 	return path
 }
 
-// syncBuffer is a log destination the handler and the test share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // dispatchProxy installs the chart's RBAC and serves a proxy.Handler, built from the
 // agent's credentials as main builds it, on a loopback HTTP server. It returns the
 // server's URL and the handler's log.
-func dispatchProxy(t *testing.T, opts proxy.Options) (string, *syncBuffer) {
+func dispatchProxy(t *testing.T, opts proxy.Options) (string, *logtest.Buffer) {
 	t.Helper()
 	installChartRBAC(t)
 	ensureNamespace(t, dispatchNamespace)
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	opts.Config = agentRESTConfig(t)
 	opts.Namespace = agentNamespace
 	opts.Log = slog.New(slog.NewJSONHandler(io.MultiWriter(logs, t.Output()), nil))

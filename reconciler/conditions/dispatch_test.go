@@ -100,8 +100,4 @@ func TestPlacementElsewhereDropsKueuesJudgement(t *testing.T) {
 	if wc.Status.Dispatch.Active != nil {
 		t.Fatal("a cluster out of its pool keeps the judgement of a MultiKueueCluster it no longer has")
 	}
-	NotDispatched{}.record(wc)
-	if wc.Status.Dispatch != nil {
-		t.Fatal("a hub that stopped dispatching left the placement")
-	}
 }

@@ -256,8 +256,3 @@ func (f KueueJudged) record(wc *v1alpha1.WorkerCluster) {
 	}
 	wc.Status.Dispatch.Active = f.Active.DeepCopy()
 }
-
-// NotDispatched: the hub does not dispatch to the cluster (it runs without a proxy).
-type NotDispatched struct{}
-
-func (NotDispatched) record(wc *v1alpha1.WorkerCluster) { wc.Status.Dispatch = nil }

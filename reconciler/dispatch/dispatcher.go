@@ -91,7 +91,7 @@ func WorkerOf(wc *v1alpha1.WorkerCluster, pool string, quota corev1.ResourceList
 // Sync brings the tenant's hub objects to what t says and records where each of its
 // registered workers stands. wcs are the tenant's WorkerClusters by identity.
 func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha1.WorkerCluster) error {
-	ap, err := d.applier(t.Name)
+	ap, first, err := d.applier(t.Name)
 	if err != nil {
 		return err
 	}
@@ -139,17 +139,16 @@ func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha
 		d.keys[id] = client.ObjectKeyFromObject(wc)
 	}
 	d.mu.Unlock()
+	pools := make(map[string]string, len(t.Workers))
+	for _, w := range t.Workers {
+		pools[w.Identity] = w.Pool
+	}
 	for id, placement := range layout.Placement {
 		wc := wcs[id]
 		if wc == nil {
 			continue
 		}
-		pool := ""
-		for _, w := range t.Workers {
-			if w.Identity == id {
-				pool = w.Pool
-			}
-		}
+		pool := pools[id]
 		withdrawn := layout.Withdrawn[id]
 		if !applied {
 			// The ClusterQueue may not have taken the change: claim no more than before.
@@ -164,8 +163,13 @@ func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha
 			errs = append(errs, err)
 		}
 	}
-	// Kueue may have judged a new MultiKueueCluster before this Sync knew its identity.
+	// Kueue may have judged a MultiKueueCluster before this Sync knew its identity: a
+	// new member's, or any at the first Sync after a start, when the watch of
+	// MultiKueueClusters listed them all before. Only those are read.
 	for _, w := range layout.Members {
+		if cur := wcs[w.Identity].Status.Dispatch; !first && cur != nil && cur.Active != nil {
+			continue
+		}
 		var mc kueue.MultiKueueCluster
 		if err := d.opts.Client.Get(ctx, client.ObjectKey{Name: w.Identity}, &mc); err == nil {
 			if err := d.Judged(ctx, &mc); err != nil {
@@ -179,13 +183,15 @@ func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha
 	return nil
 }
 
-func (d *Dispatcher) applier(tenant string) (*apply.Applier, error) {
+// applier is the tenant's applier; first is set when it is made, at the tenant's
+// first Sync.
+func (d *Dispatcher) applier(tenant string) (ap *apply.Applier, first bool, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if ap := d.appliers[tenant]; ap != nil {
-		return ap, nil
+	if cur := d.appliers[tenant]; cur != nil {
+		return cur, false, nil
 	}
-	ap, err := apply.New(apply.Options{Client: d.opts.Client, Identity: tenant, OwnerLabel: v1alpha1.TenantLabel, FieldManager: FieldManager,
+	ap, err = apply.New(apply.Options{Client: d.opts.Client, Identity: tenant, OwnerLabel: v1alpha1.TenantLabel, FieldManager: FieldManager,
 		PruneKinds: []schema.GroupVersionKind{
 			corev1.SchemeGroupVersion.WithKind("Secret"),
 			kueue.GroupVersion.WithKind("MultiKueueConfig"),
@@ -193,10 +199,10 @@ func (d *Dispatcher) applier(tenant string) (*apply.Applier, error) {
 		},
 		Log: d.opts.Log.With("tenant", tenant)})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	d.appliers[tenant] = ap
-	return ap, nil
+	return ap, true, nil
 }
 
 // hubNamespaces says which of the tenant's workload namespaces it may queue in on the

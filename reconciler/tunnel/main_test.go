@@ -1,7 +1,6 @@
 package tunnel_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -33,6 +32,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
+	"github.com/flotilla-gitops/flotilla/test/logtest"
 	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
@@ -126,24 +126,6 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// logBuffer collects the hub's structured log for assertions.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 func slogTo(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
 
 // clock is the hub's time in a test, moved by hand.
@@ -168,7 +150,7 @@ func (c *clock) advance(d time.Duration) {
 type hub struct {
 	srv    *tunnel.Server
 	addr   string
-	log    *logBuffer
+	log    *logtest.Buffer
 	client client.Client
 }
 
@@ -176,7 +158,7 @@ type hub struct {
 // client when k is nil.
 func startHub(t testing.TB, k *counted, mod func(*tunnel.Options)) *hub {
 	t.Helper()
-	h := &hub{log: &logBuffer{}, client: admin()}
+	h := &hub{log: &logtest.Buffer{}, client: admin()}
 	opts := tunnel.Options{Client: admin(), Liveness: fast, AllowInsecureLoopback: true,
 		Log: slogTo(h.log)}
 	if k != nil {

@@ -24,6 +24,7 @@ import (
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
+	"github.com/flotilla-gitops/flotilla/test/logtest"
 )
 
 // sendAndHangUp sends r's upgrade request and closes the connection without reading
@@ -201,7 +202,7 @@ func TestAnAgentWhoseRedemptionAnswerIsLostStillEnrolls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var agentLog logBuffer
+	var agentLog logtest.Buffer
 	secretKey := types.NamespacedName{Namespace: ns, Name: "flotilla-agent-credential"}
 	a, err := agent.New(agent.Options{
 		HubURL: "ws://" + relay.l.Addr().String(), Identity: c.identity, EnrollmentToken: protocol.Secret(c.token.Reveal()),

@@ -25,6 +25,7 @@ import (
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
+	"github.com/flotilla-gitops/flotilla/test/logtest"
 )
 
 // simEnv names, for a re-executed test binary, the hub and the agents to simulate; see
@@ -163,7 +164,7 @@ func BenchmarkIdleAgents(b *testing.B) {
 }
 
 func startHubFor(b *testing.B) *hubServer {
-	h := &hubServer{t: b, log: &logBuffer{}}
+	h := &hubServer{t: b, log: &logtest.Buffer{}}
 	l, err := listenLoopback()
 	if err != nil {
 		b.Fatal(err)
@@ -268,7 +269,7 @@ func BenchmarkAgentIdleRSS(b *testing.B) {
 	_ = free.Close()
 	cmd := exec.Command(bin, "--values", valuesFile, "--kubeconfig", kubeconfig, "--namespace", c.agentNS, "--allow-insecure-loopback", "--listen", listen, "--heartbeat", "1s")
 	cmd.Env = append(os.Environ(), os.Getenv("FLOTILLA_BENCH_AGENT_ENV"))
-	agentLog := &logBuffer{}
+	agentLog := &logtest.Buffer{}
 	cmd.Stderr = agentLog
 	defer func() {
 		if b.Failed() {

@@ -26,6 +26,7 @@ import (
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
+	"github.com/flotilla-gitops/flotilla/test/logtest"
 	"github.com/flotilla-gitops/flotilla/test/sopstest"
 )
 
@@ -34,13 +35,13 @@ type process struct {
 	t    *testing.T
 	name string
 	args []string
-	log  *logBuffer
+	log  *logtest.Buffer
 	cmd  *exec.Cmd
 }
 
 func startProcess(t *testing.T, name string, args ...string) *process {
 	t.Helper()
-	p := &process{t: t, name: name, args: args, log: &logBuffer{}}
+	p := &process{t: t, name: name, args: args, log: &logtest.Buffer{}}
 	p.start()
 	t.Cleanup(func() {
 		p.stop(syscall.SIGKILL)

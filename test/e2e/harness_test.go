@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -32,6 +30,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/secrets"
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
+	"github.com/flotilla-gitops/flotilla/test/logtest"
 	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
@@ -52,26 +51,6 @@ func worker() client.Client { return planes[1].Client }
 
 // fast liveness, so a dead peer is noticed within a test's patience.
 var fast = protocol.Liveness{Interval: 200 * time.Millisecond, Timeout: time.Second}
-
-// logBuffer collects a component's structured log for assertions.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
 // rendered is the template's example cluster as the hub renders it, with changes made
 // to its objects by edit.
@@ -202,7 +181,7 @@ type hubServer struct {
 	addr   string
 	srv    *tunnel.Server
 	http   *http.Server
-	log    *logBuffer
+	log    *logtest.Buffer
 	opts   tunnel.Options
 	closed chan struct{}
 	// c is the case whose desired state the hub pushes, when it serves one.
@@ -215,8 +194,8 @@ func startHub(t testing.TB, c *fleetCase, mod func(*tunnel.Options)) *hubServer 
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &hubServer{t: t, addr: l.Addr().String(), log: &logBuffer{}, c: c}
-	h.opts = tunnel.Options{Client: hub(), Liveness: fast, AllowInsecureLoopback: true, Log: h.log.logger()}
+	h := &hubServer{t: t, addr: l.Addr().String(), log: &logtest.Buffer{}, c: c}
+	h.opts = tunnel.Options{Client: hub(), Liveness: fast, AllowInsecureLoopback: true, Log: h.log.Logger()}
 	if mod != nil {
 		mod(&h.opts)
 	}
@@ -262,9 +241,9 @@ func (h *hubServer) url() string { return "ws://" + h.addr }
 
 // runAgent runs an agent of the case against the hub until the returned stop is
 // called (or the test ends).
-func runAgent(t testing.TB, c *fleetCase, h *hubServer, withToken bool, mod func(*agent.Options)) (stop func(), log *logBuffer) {
+func runAgent(t testing.TB, c *fleetCase, h *hubServer, withToken bool, mod func(*agent.Options)) (stop func(), log *logtest.Buffer) {
 	t.Helper()
-	log = &logBuffer{}
+	log = &logtest.Buffer{}
 	ap, err := apply.New(apply.Options{Client: worker(), Identity: c.identity})
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +257,7 @@ func runAgent(t testing.TB, c *fleetCase, h *hubServer, withToken bool, mod func
 		CredentialSecret: types.NamespacedName{Namespace: c.agentNS, Name: "flotilla-agent-credential"},
 		Client:           worker(), Liveness: fast, Applier: ap, Inventory: inv,
 		Backoff:      wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: time.Second},
-		AgentVersion: "test", KubernetesVersion: "v1.37.2", Log: log.logger(),
+		AgentVersion: "test", KubernetesVersion: "v1.37.2", Log: log.Logger(),
 	}
 	if withToken {
 		opts.EnrollmentToken = protocol.Secret(c.token.Reveal())

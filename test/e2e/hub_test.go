@@ -39,6 +39,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
+	"github.com/flotilla-gitops/flotilla/test/logtest"
 	"github.com/flotilla-gitops/flotilla/test/sopstest"
 )
 
@@ -182,9 +183,9 @@ func (o *openPRs) hold() (entered <-chan struct{}, release func()) {
 func (f *fleetRepo) startHub(l net.Listener) {
 	t, h := f.t, f.tunnel
 	status := conditions.NewWriter(hub())
-	h.opts = tunnel.Options{Client: hub(), Status: status, Liveness: fast, AllowInsecureLoopback: true, Log: h.log.logger()}
+	h.opts = tunnel.Options{Client: hub(), Status: status, Liveness: fast, AllowInsecureLoopback: true, Log: h.log.Logger()}
 	h.serve(l)
-	hb, err := fhub.New(fhub.Options{Client: hub(), Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: f.ids}), Tunnel: h.srv, Status: status, Log: h.log.logger(), Plans: plan.NewStore(0),
+	hb, err := fhub.New(fhub.Options{Client: hub(), Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: f.ids}), Tunnel: h.srv, Status: status, Log: h.log.Logger(), Plans: plan.NewStore(0),
 		OnSync: func(_ string, took time.Duration, _ error) {
 			f.syncMu.Lock()
 			f.syncs = append(f.syncs, took)
@@ -232,7 +233,7 @@ func newFleetRepo(t testing.TB, tenant string) *fleetRepo {
 		t.Fatal(err)
 	}
 	// The hub's tunnel listens first: its address goes into the values files.
-	h := &hubServer{t: t, log: &logBuffer{}}
+	h := &hubServer{t: t, log: &logtest.Buffer{}}
 	l, err := listenLoopback()
 	if err != nil {
 		t.Fatal(err)
