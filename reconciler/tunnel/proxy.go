@@ -135,9 +135,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound, "not a path of the proxy: /clusters/<identity>/...")
 		return
 	}
-	log := p.opts.Log.With("identity", identity, "method", r.Method, "remote", r.RemoteAddr)
+	// Built when something is logged: a watch lasts long, and a logger made up front
+	// would be held all that time.
+	log := func() *slog.Logger {
+		return p.opts.Log.With("identity", identity, "method", r.Method, "remote", r.RemoteAddr)
+	}
 	if reason := p.authorize(r.Context(), identity, r); reason != "" {
-		logWithin(&p.refusals, log, slog.LevelWarn, "proxy request refused", "reason", reason)
+		logWithin(&p.refusals, log(), slog.LevelWarn, "proxy request refused", "reason", reason)
 		// No detail: a caller learns neither whether the identity exists nor why.
 		writeStatus(w, http.StatusUnauthorized, metav1.StatusReasonUnauthorized, "Unauthorized")
 		return

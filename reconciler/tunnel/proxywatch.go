@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,21 +26,21 @@ import (
 //
 // A watch is relayed on a stream of its own, read by this goroutine alone: an idle
 // worker's watches cost the hub a stream and a small buffer each.
-func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, target *url.URL, log *slog.Logger) {
+func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, target *url.URL, log func() *slog.Logger) {
 	ctx := r.Context()
 	rc := http.NewResponseController(w)
-	query := target.Query()
 	started := false
 	var rv string
 	for {
 		u := *target
 		if rv != "" {
 			// Events up to rv were passed on; the first question no longer applies.
+			query := target.Query()
 			query.Set("resourceVersion", rv)
 			query.Del("resourceVersionMatch")
 			query.Del("sendInitialEvents")
+			u.RawQuery = query.Encode()
 		}
-		u.RawQuery = query.Encode()
 		resp, sess, err := p.openWatch(ctx, r, identity, &u)
 		if err != nil {
 			if !started {
@@ -55,9 +56,10 @@ func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, t
 		if !started {
 			started = true
 			copyResponseHeader(w.Header(), resp.Header)
+			resp.Header = nil // copied: not held for as long as the watch lasts
 			w.WriteHeader(resp.StatusCode)
 			_ = rc.Flush()
-			if resp.StatusCode != http.StatusOK || !isJSON(resp.Header.Get("Content-Type")) {
+			if resp.StatusCode != http.StatusOK || !isJSON(w.Header().Get("Content-Type")) {
 				// Nothing to resume from: pass it through as it comes.
 				_, _ = io.Copy(flushWriter{w, rc}, resp.Body)
 				_ = resp.Body.Close()
@@ -65,7 +67,7 @@ func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, t
 			}
 		} else if resp.StatusCode != http.StatusOK {
 			_ = resp.Body.Close()
-			log.Info("watch ended: the worker did not take it up again", "status", resp.StatusCode)
+			log().Info("watch ended: the worker did not take it up again", "status", resp.StatusCode)
 			return
 		}
 		ended := relayEvents(flushWriter{w, rc}, resp.Body, &rv)
@@ -73,7 +75,7 @@ func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, t
 		if ended || ctx.Err() != nil {
 			return
 		}
-		log.Info("the tunnel broke under a watch: waiting for the agent to redial", "resourceVersion", rv, "window", p.opts.ResumeWindow)
+		log().Info("the tunnel broke under a watch: waiting for the agent to redial", "resourceVersion", rv, "window", p.opts.ResumeWindow)
 		if !p.awaitAgent(ctx, identity, sess, time.Now().Add(p.opts.ResumeWindow)) {
 			p.logEnd(ctx, log)
 			return
@@ -82,12 +84,12 @@ func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, t
 }
 
 // logEnd says why a watch that waited for its agent ended.
-func (p *Proxy) logEnd(ctx context.Context, log *slog.Logger) {
+func (p *Proxy) logEnd(ctx context.Context, log func() *slog.Logger) {
 	if ctx.Err() != nil {
-		log.Info("watch ended by the watcher while its agent was away")
+		log().Info("watch ended by the watcher while its agent was away")
 		return
 	}
-	log.Info("watch ended: the agent did not come back within the resume window", "window", p.opts.ResumeWindow)
+	log().Info("watch ended: the agent did not come back within the resume window", "window", p.opts.ResumeWindow)
 }
 
 // openWatch sends the watch request on a stream of its own and reads the answer's
@@ -122,14 +124,17 @@ func (p *Proxy) openWatch(ctx context.Context, in *http.Request, identity string
 		_ = conn.Close()
 		return nil, sess, err
 	}
-	// A small buffer: an idle watch holds it for as long as it lasts, and events larger
-	// than it are simply read in several pieces.
-	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 1<<10), out)
+	// A small buffer: an idle watch holds it for as long as it lasts. It holds chunk
+	// sizes and headers; an event larger than it is read past it, into the caller's
+	// buffer.
+	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 256), out)
 	if err != nil {
 		stop()
 		_ = conn.Close()
 		return nil, sess, err
 	}
+	// Nor does a watch hold its request once it is sent.
+	resp.Request = nil
 	resp.Body = closer{resp.Body, func() { stop(); _ = conn.Close() }}
 	return resp, sess, nil
 }
@@ -169,8 +174,15 @@ func (p *Proxy) awaitAgent(ctx context.Context, identity string, gone *session, 
 // closed it cleanly or sent an ERROR event) rather than because the tunnel broke.
 func relayEvents(w flushWriter, body io.Reader, rv *string) bool {
 	r := &readErr{r: body}
-	dec := json.NewDecoder(r)
+	var dec *json.Decoder
 	for {
+		// A decoder keeps a buffer as large as the largest event it read: a watch that
+		// was busy once would hold it for as long as it stays open. A new decoder
+		// after each event that left nothing but its newline buffered holds only what
+		// one read takes.
+		if dec == nil || onlySpace(dec.Buffered()) {
+			dec = json.NewDecoder(r)
+		}
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
 			// A watch the worker ends cleanly closes its chunked body: io.EOF. A
@@ -197,6 +209,13 @@ func relayEvents(w flushWriter, body io.Reader, rv *string) bool {
 			*rv = v
 		}
 	}
+}
+
+// onlySpace reports whether what r holds is JSON whitespace, which a new decoder may
+// drop.
+func onlySpace(r io.Reader) bool {
+	b, _ := io.ReadAll(r)
+	return len(bytes.TrimLeft(b, " \t\r\n")) == 0
 }
 
 // acceptsJSON reports whether a request with these Accept headers takes a plain JSON

@@ -1,6 +1,13 @@
 package tunnel
 
-import "testing"
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
 
 // Kueue's client asks for protobuf for built-in kinds and offers JSON besides: the proxy
 // asks the worker for JSON then, since only a JSON watch can be resumed.
@@ -23,5 +30,53 @@ func TestAcceptsJSON(t *testing.T) {
 		if got := acceptsJSON(tc.accept); got != tc.want {
 			t.Errorf("acceptsJSON(%q) = %v, want %v", tc.accept, got, tc.want)
 		}
+	}
+}
+
+// The events of a watch reach the watcher whole and in order, however the worker's
+// stream is cut into reads, and the last resourceVersion passed on is the one to resume
+// from.
+func TestRelayEventsPassesOnEveryEventWhole(t *testing.T) {
+	big := strings.Repeat("x", 8<<10) // larger than any one read
+	events := []string{
+		`{"type":"ADDED","object":{"metadata":{"name":"a","resourceVersion":"11"}}}`,
+		`{"type":"MODIFIED","object":{"metadata":{"name":"a","resourceVersion":"12","annotations":{"big":"` + big + `"}}}}`,
+		`{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"15"}}}`,
+		`{"type":"DELETED","object":{"metadata":{"name":"a","resourceVersion":"16"}}}`,
+	}
+	stream := strings.Join(events, "\n") + "\n"
+	for name, reader := range map[string]func() io.Reader{
+		"all in one read":  func() io.Reader { return strings.NewReader(stream) },
+		"one byte a read":  func() io.Reader { return iotest.OneByteReader(strings.NewReader(stream)) },
+		"half a read each": func() io.Reader { return iotest.HalfReader(strings.NewReader(stream)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			var rv string
+			if ended := relayEvents(flushWriter{rec, http.NewResponseController(rec)}, reader(), &rv); !ended {
+				t.Error("a stream the worker ended cleanly was taken for a broken tunnel")
+			}
+			if got := rec.Body.String(); got != stream {
+				t.Errorf("the watcher got %d bytes, want the %d the worker sent", len(got), len(stream))
+			}
+			if rv != "16" {
+				t.Errorf("resume from resourceVersion %q, want 16", rv)
+			}
+		})
+	}
+}
+
+// A stream cut in the middle of an event is a broken tunnel, to resume from the last
+// event passed on whole.
+func TestRelayEventsTellsABrokenStream(t *testing.T) {
+	stream := `{"type":"ADDED","object":{"metadata":{"resourceVersion":"7"}}}` + "\n" + `{"type":"MODIFIED","obj`
+	rec := httptest.NewRecorder()
+	var rv string
+	r := io.MultiReader(strings.NewReader(stream), iotest.ErrReader(io.ErrUnexpectedEOF))
+	if ended := relayEvents(flushWriter{rec, http.NewResponseController(rec)}, r, &rv); ended {
+		t.Error("a stream cut short was taken for a watch that ended")
+	}
+	if rv != "7" {
+		t.Errorf("resume from resourceVersion %q, want 7", rv)
 	}
 }
