@@ -72,9 +72,22 @@ testbin:
 demo: testbin
 	$(TESTBIN_ENV) $(GO) -C test/demo test -tags demo -run '^TestDemo$$' -v -count=1 -timeout 0
 
+# The Kueue and JobSet charts the agent installs, packaged from the Go modules go.mod
+# names, with their licenses. tar and gzip are told to leave out times and owners, so the
+# same module always packs to the same bytes.
+COMPONENT_CHARTS := agent/components/charts
+
 generate:
 	$(GO) run $(CONTROLLER_GEN) object paths=./reconciler/api/... \
 		crd:crdVersions=v1 output:crd:artifacts:config=charts/flotilla-hub/crds
+	rm -f $(COMPONENT_CHARTS)/*.tgz $(COMPONENT_CHARTS)/*.LICENSE
+	set -e; for m in kueue jobset; do \
+		dir=$$($(GO) list -m -f '{{.Dir}}' sigs.k8s.io/$$m); \
+		ver=$$($(GO) list -m -f '{{.Version}}' sigs.k8s.io/$$m); \
+		tar -C $$dir/charts --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --mode=u+rw,go+r \
+			-cf - $$m | gzip -n -9 > $(COMPONENT_CHARTS)/$$m-$$ver.tgz; \
+		cp $$dir/LICENSE $(COMPONENT_CHARTS)/$$m.LICENSE; chmod 0644 $(COMPONENT_CHARTS)/$$m.LICENSE; \
+	done
 
 clean:
 	rm -rf bin/

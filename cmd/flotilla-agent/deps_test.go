@@ -45,7 +45,7 @@ func TestImportBoundaries(t *testing.T) {
 		// nothing else of the hub is.
 		{".", []string{module + "reconciler/hub", module + "reconciler/tunnel", module + "reconciler/fleet",
 			module + "reconciler/render", module + "reconciler/plan", module + "reconciler/conditions", module + "reconciler/dispatch",
-			module + "secrets", module + "gitsource"}},
+			module + "secrets", module + "gitsource", module + "agent/components/charts"}},
 		{module + "reconciler/conditions", []string{module + "reconciler/tunnel", module + "reconciler/hub"}},
 		{module + "reconciler/hub", []string{module + "reconciler/tunnel"}},
 		{module + "reconciler/tunnel", []string{module + "reconciler/hub"}},
@@ -56,6 +56,10 @@ func TestImportBoundaries(t *testing.T) {
 		// The hub's Kueue objects are laid out from Git and registrations; tokens come
 		// through an interface.
 		{module + "reconciler/dispatch", []string{module + "reconciler/tunnel", module + "reconciler/hub"}},
+		// The components' charts are the short-lived Helm binary's: neither the
+		// long-running agent nor the hub, which validates versions by their list, holds
+		// them.
+		{module + "cmd/flotilla-hub", []string{module + "agent/components/charts"}},
 	}
 	// One go list for all: each call loads the module graph anew.
 	args := []string{"list", "-deps", "-f", "{{.ImportPath}}: {{join .Deps \" \"}}"}

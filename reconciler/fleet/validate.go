@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/flotilla-gitops/flotilla/agent/components"
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
@@ -81,10 +82,18 @@ func loadFleetFile(fsys fs.FS, list *ErrorList) *v1alpha1.Fleet {
 	if !versionPattern.MatchString(s.KueueVersion) {
 		n := at("kueueVersion")
 		e.at(n.Line, n.Column, "spec.kueueVersion %q must be a release such as v0.17.0", s.KueueVersion)
+	} else if !components.CanInstall(components.Kueue, s.KueueVersion) {
+		n := at("kueueVersion")
+		e.at(n.Line, n.Column, "spec.kueueVersion %s cannot be installed by this release of flotilla: it installs Kueue %s",
+			s.KueueVersion, strings.Join(components.Installable(components.Kueue), ", "))
 	}
 	if s.JobSetVersion != "" && !versionPattern.MatchString(s.JobSetVersion) {
 		n := at("jobSetVersion")
 		e.at(n.Line, n.Column, "spec.jobSetVersion %q must be a release such as v0.11.1", s.JobSetVersion)
+	} else if s.JobSetVersion != "" && !components.CanInstall(components.JobSet, s.JobSetVersion) {
+		n := at("jobSetVersion")
+		e.at(n.Line, n.Column, "spec.jobSetVersion %s cannot be installed by this release of flotilla: it installs JobSet %s",
+			s.JobSetVersion, strings.Join(components.Installable(components.JobSet), ", "))
 	}
 	if p := s.StatusContextPrefix; len(p) > 100 || strings.ContainsAny(p, " \t\n") {
 		n := at("statusContextPrefix")
