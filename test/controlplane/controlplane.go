@@ -297,9 +297,22 @@ func waitReady(ctx context.Context, cfg *rest.Config, timeout time.Duration) err
 	if err != nil {
 		return fmt.Errorf("waiting for /readyz: %w", err)
 	}
-	url := strings.TrimSuffix(cfg.Host, "/") + "/readyz"
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return PollReady(ctx, hc, strings.TrimSuffix(cfg.Host, "/")+"/readyz", nil)
+}
+
+// PollReady polls url until it answers 200 OK, ctx ends, or gone (when not nil) returns
+// an error, which it returns as is: a process behind url that exited. A wait that ends
+// otherwise says what the last answer was.
+func PollReady(ctx context.Context, hc *http.Client, url string, gone func() error) error {
 	var last error
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if gone != nil {
+			if err := gone(); err != nil {
+				return false, err
+			}
+		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
 			return false, err
@@ -312,13 +325,13 @@ func waitReady(ctx context.Context, cfg *rest.Config, timeout time.Duration) err
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		_ = resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
-			last = fmt.Errorf("%s: %s", resp.Status, body)
+			last = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
 			return false, nil
 		}
 		return true, nil
 	})
-	if err != nil {
-		return fmt.Errorf("waiting for /readyz: %w", errors.Join(err, last))
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("waiting for %s: %w (last answer: %v)", url, err, last)
 	}
-	return nil
+	return err
 }

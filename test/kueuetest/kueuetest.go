@@ -1,6 +1,7 @@
 package kueuetest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,7 +22,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	configapi "sigs.k8s.io/kueue/apis/config/v1beta2"
 
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
@@ -380,44 +380,24 @@ func (m *Manager) removeWebhooks() error {
 // waitReady polls the manager's readiness endpoint, which Kueue reports once its webhook server
 // listens, until it answers 200, the process exits or ctx ends.
 func (m *Manager) waitReady(ctx context.Context) error {
-	url := "http://" + m.HealthAddr + "/readyz"
-	hc := &http.Client{Timeout: 2 * time.Second}
-	var last error
-	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	gone := func() error {
 		select {
 		case <-m.exited:
-			return false, errExited
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			return cmp.Or(m.early, errExited)
 		default:
+			return nil
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			last = err
-			return false, nil
-		}
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			last = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
-			return false, nil
-		}
-		return true, nil
-	})
-	switch {
-	case errors.Is(err, errExited):
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return m.early
-	case err != nil:
-		return fmt.Errorf("waiting for %s: %w (last answer: %v); last output:\n%s", url, err, last, m.tail.String())
 	}
-	return nil
+	err := controlplane.PollReady(ctx, &http.Client{Timeout: 2 * time.Second}, "http://"+m.HealthAddr+"/readyz", gone)
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w; last output:\n%s", err, m.tail.String())
+	}
+	return err
 }
 
-// errExited ends the wait for readiness when the process has exited.
+// errExited ends the wait for readiness when the process has exited and said nothing of why.
 var errExited = errors.New("kueue manager exited")
 
 // ensureNamespace creates the manager's namespace on the plane unless it exists.
