@@ -224,13 +224,20 @@ func QuotaOf(objects []*unstructured.Unstructured, queue string) corev1.Resource
 		if runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &cq) != nil {
 			return out
 		}
-		for _, rg := range cq.Spec.ResourceGroups {
-			for _, f := range rg.Flavors {
-				for _, r := range f.Resources {
-					sum := out[r.Name]
-					sum.Add(r.NominalQuota)
-					out[r.Name] = sum
-				}
+		return NominalQuota(&cq)
+	}
+	return out
+}
+
+// NominalQuota sums a ClusterQueue's nominal quota by resource over its flavors.
+func NominalQuota(cq *kueue.ClusterQueue) corev1.ResourceList {
+	out := corev1.ResourceList{}
+	for _, rg := range cq.Spec.ResourceGroups {
+		for _, f := range rg.Flavors {
+			for _, r := range f.Resources {
+				sum := out[r.Name]
+				sum.Add(r.NominalQuota)
+				out[r.Name] = sum
 			}
 		}
 	}

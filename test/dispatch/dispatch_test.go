@@ -21,6 +21,7 @@ import (
 
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/dispatch"
 	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
@@ -131,7 +132,7 @@ func (w *world) testReady(t *testing.T) {
 			if err := wk.plane.Client.Get(ctx, client.ObjectKey{Name: "cluster-queue"}, &workerCQ); err != nil {
 				t.Fatalf("the preset's ClusterQueue on %s: %v", wk.name, err)
 			}
-			hubQuota, workerQuota := quotaOf(&hubCQ), quotaOf(&workerCQ)
+			hubQuota, workerQuota := dispatch.NominalQuota(&hubCQ), dispatch.NominalQuota(&workerCQ)
 			if !sameQuota(hubQuota, workerQuota) {
 				t.Errorf("hub ClusterQueue %s offers %v; the worker's offers %v", pool, hubQuota, workerQuota)
 			}
@@ -323,21 +324,6 @@ func uidOf(j *batchv1.Job) any {
 		return nil
 	}
 	return j.UID
-}
-
-// quotaOf sums a ClusterQueue's nominal quota by resource over its flavors.
-func quotaOf(cq *kueue.ClusterQueue) corev1.ResourceList {
-	out := corev1.ResourceList{}
-	for _, rg := range cq.Spec.ResourceGroups {
-		for _, f := range rg.Flavors {
-			for _, r := range f.Resources {
-				sum := out[r.Name]
-				sum.Add(r.NominalQuota)
-				out[r.Name] = sum
-			}
-		}
-	}
-	return out
 }
 
 func sameQuota(a, b corev1.ResourceList) bool {

@@ -57,6 +57,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
 	"github.com/flotilla-gitops/flotilla/test/kueuetest"
+	"github.com/flotilla-gitops/flotilla/test/logtest"
 	"github.com/flotilla-gitops/flotilla/test/poll"
 	"github.com/flotilla-gitops/flotilla/test/sopstest"
 )
@@ -126,7 +127,7 @@ type world struct {
 	workloads string
 	hub       *controlplane.ControlPlane
 	workers   []*worker
-	logs      *logBuffer
+	logs      *logtest.Buffer
 
 	dir string // the fleet checkout the test edits
 	// fleetYAML is the fleet.yaml of the first commit, which a test may extend.
@@ -149,13 +150,13 @@ type world struct {
 func newWorld(tb testing.TB, opts worldOptions) *world {
 	tb.Helper()
 	ctx := tb.Context()
-	w := &world{tb: tb, tenant: opts.tenant, ns: "tenant-" + opts.tenant, workloads: opts.workloads, staleAfter: opts.staleAfter, hub: planes[0], logs: &logBuffer{}}
+	w := &world{tb: tb, tenant: opts.tenant, ns: "tenant-" + opts.tenant, workloads: opts.workloads, staleAfter: opts.staleAfter, hub: planes[0], logs: &logtest.Buffer{Max: 256 << 10}}
 	for i, s := range fleetWorkers {
 		w.workers = append(w.workers, &worker{workerSpec: s, identity: fleet.Identity(opts.tenant, s.name), plane: planes[1+i]})
 	}
 	tb.Cleanup(func() {
 		if tb.Failed() {
-			tb.Logf("last log of the hub and the agents:\n%s", w.logs.last(64<<10))
+			tb.Logf("last log of the hub and the agents:\n%s", w.logs.Last(64<<10))
 		}
 	})
 	// The git server logs every request through the standard logger: into the world's
@@ -249,7 +250,7 @@ func (w *world) startKueue() {
 	var g errgroup.Group
 	start := func(plane *controlplane.ControlPlane, cfg *configapi.Configuration, out **kueuetest.Manager) {
 		g.Go(func() error {
-			tail := &logBuffer{}
+			tail := &logtest.Buffer{Max: 256 << 10}
 			m, err := kueuetest.Start(tb.Context(), plane, kueuetest.Options{Config: cfg, Output: tail})
 			if err != nil {
 				return err
@@ -257,7 +258,7 @@ func (w *world) startKueue() {
 			*out = m
 			tb.Cleanup(func() {
 				if tb.Failed() {
-					tb.Logf("last output of the kueue manager on %s:\n%s", plane.Name, tail.last(32<<10))
+					tb.Logf("last output of the kueue manager on %s:\n%s", plane.Name, tail.Last(32<<10))
 				}
 				if err := m.Stop(); err != nil {
 					tb.Error(err)
@@ -363,7 +364,7 @@ func (w *world) startHub() {
 		}
 	})
 	hc := w.hub.Client
-	logger := w.logs.logger()
+	logger := w.logs.Logger()
 	for _, ns := range []string{w.ns, proxyCANamespace} {
 		if err := hc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			tb.Fatal(err)
@@ -453,7 +454,7 @@ func (w *world) watchJudgements(ctx context.Context, d *dispatch.Dispatcher, log
 // proxy forwards as flotilla-dispatch, authenticating as the agent's ServiceAccount.
 func (w *world) startAgent(wk *worker) {
 	tb := w.tb
-	log := w.logs.logger().With("agent", wk.name)
+	log := w.logs.Logger().With("agent", wk.name)
 	ap, err := apply.New(apply.Options{Client: wk.plane.Client, Identity: wk.identity})
 	if err != nil {
 		tb.Fatal(err)
@@ -613,34 +614,3 @@ func listen(tb testing.TB) net.Listener {
 	}
 	return l
 }
-
-// logBuffer keeps the latest logBufferSize bytes of a component's log, for a failing
-// test: Kueue's managers log a lot.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-const logBufferSize = 256 << 10
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.buf = append(l.buf, p...)
-	if over := len(l.buf) - logBufferSize; over > 0 {
-		l.buf = append(l.buf[:0], l.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (l *logBuffer) last(n int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.buf
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
-}
-
-func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }

@@ -25,6 +25,7 @@ import (
 	configapi "sigs.k8s.io/kueue/apis/config/v1beta2"
 
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
+	"github.com/flotilla-gitops/flotilla/test/logtest"
 )
 
 // Namespace is where the manager runs unless Options.Config names another: Kueue's default, and
@@ -92,7 +93,7 @@ type Manager struct {
 	dir   string
 	cmd   *exec.Cmd
 	log   *slog.Logger
-	tail  *tailBuffer
+	tail  *logtest.Buffer
 	hooks *webhooks
 
 	exited   chan struct{} // closed once the process has exited and been reaped
@@ -169,7 +170,7 @@ func prepare(ctx context.Context, plane *controlplane.ControlPlane, opts Options
 	if err != nil {
 		return nil, fmt.Errorf("making the manager's directory: %w", err)
 	}
-	m := &Manager{Plane: plane, dir: dir, log: log, tail: &tailBuffer{max: tailSize}, exited: make(chan struct{})}
+	m := &Manager{Plane: plane, dir: dir, log: log, tail: &logtest.Buffer{Max: tailSize}, exited: make(chan struct{})}
 	fail := func(err error) (*Manager, error) { return nil, errors.Join(err, os.RemoveAll(dir)) }
 
 	certDir := filepath.Join(dir, "webhook-certs")
@@ -445,27 +446,4 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
-}
-
-// tailBuffer keeps the last max bytes written to it, for error messages.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf = append(b.buf, p...)
-	if over := len(b.buf) - b.max; over > 0 {
-		b.buf = append(b.buf[:0], b.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.buf)
 }

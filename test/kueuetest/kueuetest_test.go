@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -32,6 +31,7 @@ import (
 
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
 	"github.com/flotilla-gitops/flotilla/test/kueuetest"
+	"github.com/flotilla-gitops/flotilla/test/logtest"
 	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
@@ -77,33 +77,10 @@ const (
 	validatingName = "kueue-validating-webhook-configuration"
 )
 
-// outputTail keeps a manager's output and shows its end when the test fails: Kueue logs a lot,
-// and only a failure needs it.
-type outputTail struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (o *outputTail) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.buf.Write(p)
-}
-
-func (o *outputTail) last(n int) string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	b := o.buf.Bytes()
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
-}
-
 // start runs a manager against plane for the rest of the test.
 func start(t *testing.T, plane *controlplane.ControlPlane, cfg *configapi.Configuration) *kueuetest.Manager {
 	t.Helper()
-	out := &outputTail{}
+	out := &logtest.Buffer{}
 	m, err := kueuetest.Start(t.Context(), plane, kueuetest.Options{
 		Config: cfg,
 		Output: out,
@@ -117,7 +94,7 @@ func start(t *testing.T, plane *controlplane.ControlPlane, cfg *configapi.Config
 			t.Error(err)
 		}
 		if t.Failed() {
-			t.Logf("last output of the kueue manager on %s:\n%s", plane.Name, out.last(32<<10))
+			t.Logf("last output of the kueue manager on %s:\n%s", plane.Name, out.Last(32<<10))
 		}
 	})
 	return m
@@ -365,7 +342,7 @@ func TestStartRefusesASecondManagerOnOnePlane(t *testing.T) {
 func TestManagerThatDiesTakesItsWebhooksWithIt(t *testing.T) {
 	plane := planes[0]
 	c := plane.Client
-	out := &outputTail{}
+	out := &logtest.Buffer{}
 	m, err := kueuetest.Start(t.Context(), plane, kueuetest.Options{Output: out})
 	if err != nil {
 		t.Fatal(err)
@@ -373,7 +350,7 @@ func TestManagerThatDiesTakesItsWebhooksWithIt(t *testing.T) {
 	t.Cleanup(func() {
 		_ = m.Stop()
 		if t.Failed() {
-			t.Logf("last output of the kueue manager on %s:\n%s", plane.Name, out.last(32<<10))
+			t.Logf("last output of the kueue manager on %s:\n%s", plane.Name, out.Last(32<<10))
 		}
 	})
 	if err := syscall.Kill(m.Pid(), syscall.SIGKILL); err != nil {
