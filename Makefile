@@ -23,10 +23,12 @@ FUZZ_MINIMIZE   ?= 1s
 BENCH_COUNT     ?= 6
 
 # KUBEBUILDER_ASSETS points envtest at the cached kube-apiserver and etcd, FLOTILLA_KUEUE the
-# tests' Kueue managers at the cached kueue binary (test/kueuetest); building them on a cold
-# machine takes minutes, which is why it happens before go test starts its timeout.
+# tests' Kueue managers at the cached kueue binary (test/kueuetest), FLOTILLA_JOBSET the JobSet
+# managers behind the JobSet chart at the cached jobset binary (test/componenttest); building
+# them on a cold machine takes minutes, which is why it happens before go test starts its timeout.
 TESTBIN_ENV = KUBEBUILDER_ASSETS="$$(bash test/testbin/build.sh | tail -n 1)" \
-	FLOTILLA_KUEUE="$$(bash test/testbin/kueue.sh | tail -n 1)"
+	FLOTILLA_KUEUE="$$(bash test/testbin/kueue.sh | tail -n 1)" \
+	FLOTILLA_JOBSET="$$(bash test/testbin/jobset.sh | tail -n 1)"
 
 .PHONY: all build test unit fuzz lint bench testbin generate clean demo
 
@@ -64,6 +66,7 @@ bench: testbin
 testbin:
 	@bash test/testbin/build.sh >/dev/null
 	@bash test/testbin/kueue.sh >/dev/null
+	@bash test/testbin/jobset.sh >/dev/null
 
 # The whole flow on this machine: three control planes, a git server, the hub and two
 # agents, two clusters enrolled through merges and watched until green (see test/demo).

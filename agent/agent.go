@@ -43,6 +43,7 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/flotilla-gitops/flotilla/agent/components"
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	"github.com/flotilla-gitops/flotilla/agent/proxy"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
@@ -98,6 +99,9 @@ type Options struct {
 	// stops answering cannot stall the agent behind a tunnel that looks healthy.
 	// Default 5 minutes.
 	ApplyTimeout time.Duration
+	// ComponentsRetry is how often a desired state whose components are not ready yet is
+	// applied and reported again. Default 30 seconds.
+	ComponentsRetry time.Duration
 	// Backoff between dials; defaults to 1s doubling to 5 minutes with jitter.
 	Backoff           wait.Backoff
 	AgentVersion      string
@@ -112,6 +116,7 @@ type Agent struct {
 	mu         sync.Mutex
 	credential protocol.Secret // also in the Secret; kept here should storing it fail
 	applied    string          // hash last applied
+	latest     string          // hash of the latest desired state received
 	// redemption is the redemption key of the enrollment attempts under way: drawn
 	// once, sent with every attempt, so that the hub can answer a repeated attempt
 	// whose first answer was lost; forgotten once a credential arrives.
@@ -144,6 +149,9 @@ func New(opts Options) (*Agent, error) {
 	}
 	if opts.MaxProxyStreams <= 0 {
 		opts.MaxProxyStreams = 128
+	}
+	if opts.ComponentsRetry <= 0 {
+		opts.ComponentsRetry = 30 * time.Second
 	}
 	if opts.InventoryEvery <= 0 {
 		opts.InventoryEvery = time.Minute
@@ -362,7 +370,7 @@ func (a *Agent) serve(ctx context.Context, ws *websocket.Conn, version int) erro
 			}
 			return fmt.Errorf("control stream: %w", err)
 		}
-		if err := a.handle(ctx, conn, body); err != nil {
+		if err := a.handle(sctx, conn, body); err != nil {
 			return err
 		}
 	}
@@ -450,24 +458,10 @@ func (a *Agent) periodic(ctx context.Context, conn *protocol.Conn) {
 func (a *Agent) handle(ctx context.Context, conn *protocol.Conn, body any) error {
 	switch m := body.(type) {
 	case *protocol.DesiredState:
-		// The apply runs to its end even if the tunnel drops meanwhile: the hub sends the
-		// state again on reconnecting, and applying it again changes nothing.
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opts.ApplyTimeout)
-		res := a.opts.Applier.Apply(actx, *m)
-		cancel()
-		res.Generation, res.Hash = m.Generation, m.Hash
-		if res.Complete() {
-			a.mu.Lock()
-			a.applied = m.Hash
-			a.mu.Unlock()
-		}
-		a.opts.Log.Info("applied the desired state", "hash", m.Hash, "generation", m.Generation, "objects", len(res.Results), "complete", res.Complete())
-		// The inventory goes first: the report that makes the cluster ready should find
-		// its GPUs already known, so that the first green status counts them.
-		a.sendInventory(ctx, conn)
-		if err := conn.Send(protocol.TypeApplied, &res); err != nil {
-			return err
-		}
+		a.mu.Lock()
+		a.latest = m.Hash
+		a.mu.Unlock()
+		return a.applyDesired(ctx, conn, m)
 	case *protocol.RotateCredential:
 		if err := a.storeCredential(ctx, m.Credential); err != nil {
 			// Not confirmed: the hub keeps accepting the old credential.
@@ -483,6 +477,59 @@ func (a *Agent) handle(ctx context.Context, conn *protocol.Conn, body any) error
 		return conn.Send(protocol.TypeError, &protocol.Error{Code: protocol.CodeUnknownType, Message: fmt.Sprintf("%T is not a message a hub sends", body)})
 	}
 	return nil
+}
+
+// applyDesired applies m and reports it. While components are converging it tries again
+// every ComponentsRetry, for as long as the tunnel is up and m is the latest state the
+// hub sent: a component that becomes ready later turns the worker green without the
+// hub sending anything.
+func (a *Agent) applyDesired(ctx context.Context, conn *protocol.Conn, m *protocol.DesiredState) error {
+	// The apply runs to its end even if the tunnel drops meanwhile: the hub sends the
+	// state again on reconnecting, and applying it again changes nothing.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opts.ApplyTimeout)
+	res := a.opts.Applier.Apply(actx, *m)
+	cancel()
+	res.Generation, res.Hash = m.Generation, m.Hash
+	if res.Complete() {
+		a.mu.Lock()
+		a.applied = m.Hash
+		a.mu.Unlock()
+	}
+	a.opts.Log.Info("applied the desired state", "hash", m.Hash, "generation", m.Generation, "objects", len(res.Results), "complete", res.Complete())
+	// The inventory goes first: the report that makes the cluster ready should find
+	// its GPUs already known, so that the first green status counts them.
+	a.sendInventory(ctx, conn)
+	if err := conn.Send(protocol.TypeApplied, &res); err != nil {
+		return err
+	}
+	if converging(res.Components) {
+		time.AfterFunc(a.opts.ComponentsRetry, func() {
+			a.mu.Lock()
+			latest := a.latest
+			a.mu.Unlock()
+			if ctx.Err() != nil || latest != m.Hash {
+				return
+			}
+			if err := a.applyDesired(ctx, conn, m); err != nil {
+				a.opts.Log.Warn("reporting the components", "error", err)
+			}
+		})
+	}
+	return nil
+}
+
+// converging: a component is on its way, not refused or failed.
+func converging(statuses []components.Status) bool {
+	waiting := false
+	for _, s := range statuses {
+		switch {
+		case s.Action == components.ActionRefused || s.Action == components.ActionFailed:
+			return false
+		case !s.Ready:
+			waiting = true
+		}
+	}
+	return waiting
 }
 
 func (a *Agent) sendInventory(ctx context.Context, conn *protocol.Conn) {

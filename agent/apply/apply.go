@@ -9,8 +9,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/fluxcd/pkg/ssa"
-	"github.com/fluxcd/pkg/ssa/utils"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -52,7 +50,7 @@ type Options struct {
 // applies are serialized, since each prunes what the other does not name.
 type Applier struct {
 	client     client.Client
-	manager    *ssa.ResourceManager
+	fieldOwner string
 	identity   string
 	ownerLabel string
 	extraKinds []schema.GroupVersionKind
@@ -85,12 +83,9 @@ func New(opts Options) (*Applier, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	// No poller: the agent reports what it applied and never waits for readiness, so
-	// the manager's wait functions are never called.
-	manager := ssa.NewResourceManager(opts.Client, nil, ssa.Owner{Field: opts.FieldManager, Group: "flotilla.dev"})
 	return &Applier{
 		client:     opts.Client,
-		manager:    manager,
+		fieldOwner: opts.FieldManager,
 		identity:   opts.Identity,
 		ownerLabel: opts.OwnerLabel,
 		extraKinds: slices.Clone(opts.PruneKinds),
@@ -159,7 +154,7 @@ func (a *Applier) Apply(ctx context.Context, state protocol.DesiredState) protoc
 	sortForApply(desired)
 	for _, u := range desired {
 		if err := ctx.Err(); err != nil {
-			out.Error = fmt.Sprintf("applying stopped before %s: %v", utils.FmtUnstructured(u), err)
+			out.Error = fmt.Sprintf("applying stopped before %s: %v", describe(u), err)
 			return out
 		}
 		report(a.applyOne(ctx, u))
@@ -201,7 +196,7 @@ func (a *Applier) decode(i int, raw []byte) (u *unstructured.Unstructured, res p
 	if labels[v1alpha1.ManagedByLabel] != v1alpha1.ManagedByValue || labels[a.ownerLabel] != a.identity {
 		res.Action = protocol.ActionFailed
 		res.Message = fmt.Sprintf("%s is not labeled %s=%s and %s=%s (it has %q and %q): the hub must only send objects of this WorkerCluster; not applied",
-			utils.FmtUnstructured(u), v1alpha1.ManagedByLabel, v1alpha1.ManagedByValue, a.ownerLabel, a.identity,
+			describe(u), v1alpha1.ManagedByLabel, v1alpha1.ManagedByValue, a.ownerLabel, a.identity,
 			labels[v1alpha1.ManagedByLabel], labels[a.ownerLabel])
 		return u, res, false
 	}
@@ -224,7 +219,7 @@ func (a *Applier) applyOne(ctx context.Context, u *unstructured.Unstructured) pr
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return fail(fmt.Errorf("%s: reading the live object: %w", utils.FmtUnstructured(u), err))
+		return fail(fmt.Errorf("%s: reading the live object: %w", describe(u), err))
 	default:
 		res.UID = string(live.GetUID())
 		owner, labeled := live.GetLabels()[a.ownerLabel]
@@ -243,30 +238,30 @@ func (a *Applier) applyOne(ctx context.Context, u *unstructured.Unstructured) pr
 		}
 	}
 
-	entry, err := a.manager.Apply(ctx, u, ssa.ApplyOptions{})
-	if err != nil {
-		return fail(err)
+	existed := res.UID != ""
+	applied := u.DeepCopy()
+	if err := a.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), client.FieldOwner(a.fieldOwner), client.ForceOwnership); err != nil {
+		return fail(fmt.Errorf("%s: applying: %w", describe(u), err))
 	}
-	switch entry.Action {
-	case ssa.CreatedAction:
+	// An apply that changes nothing is not written, so the resourceVersion tells.
+	switch {
+	case !existed:
 		res.Action = protocol.ActionCreated
-	case ssa.ConfiguredAction:
+	case applied.GetResourceVersion() != live.GetResourceVersion():
 		res.Action = protocol.ActionConfigured
-	case ssa.UnchangedAction:
-		res.Action = protocol.ActionUnchanged
-	case ssa.SkippedAction:
-		res.Action = protocol.ActionSkipped
 	default:
-		return fail(fmt.Errorf("%s: applying ended as %q", utils.FmtUnstructured(u), entry.Action))
+		res.Action = protocol.ActionUnchanged
 	}
-	if res.UID == "" {
-		// Created just now: read back the UID, which the apply response is not handed
-		// out of ssa with. Not having it is no failure of the apply.
-		if err := a.client.Get(ctx, client.ObjectKeyFromObject(u), live); err == nil {
-			res.UID = string(live.GetUID())
-		}
-	}
+	res.UID = string(applied.GetUID())
 	return res
+}
+
+// describe names an object as kubectl does: Kind/namespace/name.
+func describe(u *unstructured.Unstructured) string {
+	if u.GetNamespace() == "" {
+		return u.GetKind() + "/" + u.GetName()
+	}
+	return u.GetKind() + "/" + u.GetNamespace() + "/" + u.GetName()
 }
 
 // refusal says why live is not adopted and how an operator hands it over.
@@ -279,7 +274,7 @@ func refusal(live *unstructured.Unstructured, label, identity, owner string, lab
 		}
 	}
 	return fmt.Sprintf("%s: %s (uid %s): %s; label it %s=%s to hand it over",
-		RefusePrefix, utils.FmtUnstructured(live), live.GetUID(), whose, label, identity)
+		RefusePrefix, describe(live), live.GetUID(), whose, label, identity)
 }
 
 func resultOf(u *unstructured.Unstructured) protocol.ObjectResult {

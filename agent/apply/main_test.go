@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/apply"
+	"github.com/flotilla-gitops/flotilla/agent/components"
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
@@ -233,7 +234,7 @@ func state(t *testing.T, objs []*unstructured.Unstructured) protocol.DesiredStat
 		}
 		st.Objects = append(st.Objects, data)
 	}
-	hash, err := render.Hash(objs)
+	hash, err := render.Hash(objs, components.Spec{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,20 +99,12 @@ func (a *Applier) pruneOne(ctx context.Context, gvk schema.GroupVersionKind, ite
 	obj := &item
 	obj.SetGroupVersionKind(gvk)
 	for attempt := 1; ; attempt++ {
-		if !a.owns(obj) {
-			res.Action = protocol.ActionSkipped
-			res.Message = fmt.Sprintf("no longer desired, but no longer labeled %s=%s either; not pruned", a.ownerLabel, a.identity)
-			return res
-		}
-		if obj.GetAnnotations()[v1alpha1.PruneAnnotation] == v1alpha1.PruneDisabled {
-			res.Action = protocol.ActionSkipped
-			res.Message = fmt.Sprintf("no longer desired; kept because of %s: %s", v1alpha1.PruneAnnotation, v1alpha1.PruneDisabled)
-			return res
-		}
-		if obj.GetDeletionTimestamp() != nil {
-			res.Action = protocol.ActionPruned
-			res.Message = fmt.Sprintf("deletion pending on finalizers %v", obj.GetFinalizers())
-			return res
+		// What Owned plans is what is done: the same verdict, on what was read last.
+		if v := a.verdict(gvk, *obj); v.Action == protocol.ActionSkipped || v.Message != "" {
+			if v.Action == protocol.ActionSkipped {
+				v.Message = "no longer desired; " + v.Message
+			}
+			return v
 		}
 		err := a.client.Delete(ctx, obj,
 			client.Preconditions{UID: &obj.UID, ResourceVersion: &obj.ResourceVersion},

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/flotilla-gitops/flotilla/agent/components"
 )
 
 // ProtocolVersion is the newest version this package speaks. The agent announces it in
@@ -93,6 +95,10 @@ type DesiredState struct {
 	Objects []json.RawMessage `json:"objects"`
 	// Decommission asks the agent to prune everything it owns and apply nothing.
 	Decommission bool `json:"decommission,omitempty"`
+	// Components are the Kueue and JobSet the worker must run, which the agent brings
+	// about before it applies Objects. Hubs before them send none, and the agent then
+	// leaves the worker's Kueue as it finds it.
+	Components *components.Spec `json:"components,omitempty"`
 }
 
 // Action is what applying did to one object.
@@ -130,12 +136,20 @@ type Applied struct {
 	// Error is set when the state was not applied as a whole (e.g. the worker's API
 	// server was unreachable); Results then hold what was done before.
 	Error string `json:"error,omitempty"`
+	// Components are the state of the components the desired state names.
+	Components []components.Status `json:"components,omitempty"`
 }
 
-// Complete reports whether every object was applied, pruned, or left alone by design.
+// Complete reports whether every component is ready and every object was applied,
+// pruned, or left alone by design.
 func (a *Applied) Complete() bool {
 	if a.Error != "" {
 		return false
+	}
+	for _, c := range a.Components {
+		if !c.Ready {
+			return false
+		}
 	}
 	for _, r := range a.Results {
 		if r.Action == ActionRefused || r.Action == ActionFailed {

@@ -57,6 +57,15 @@ type config struct {
 	// Dispatch serves the hub's Kubernetes API proxy streams, through which the hub's
 	// MultiKueue dispatches jobs to this worker.
 	Dispatch bool
+	// InstallComponents: the agent may install Kueue and JobSet, where the fleet manages
+	// them. The chart grants the installer its permissions only when it is true.
+	InstallComponents bool
+	// ComponentsBinary is the installer of Kueue and JobSet; empty is the one beside the
+	// agent's executable.
+	ComponentsBinary string
+	// ComponentsServiceAccount, in the agent's namespace, is the identity the installer
+	// acts as (the agent impersonates it); empty is the agent's own.
+	ComponentsServiceAccount string
 }
 
 // flagValues are the command line's settings; changed tells which were given.
@@ -75,6 +84,9 @@ type flagValues struct {
 	logLevel              string
 	allowInsecureLoopback bool
 	dispatch              bool
+	componentsBinary      string
+	componentsSA          string
+	installComponents     bool
 }
 
 // source is where a setting's value came from, for messages.
@@ -123,7 +135,7 @@ func loadConfig(fv flagValues, changed func(flag string) bool, getenv func(strin
 	fail := func(s source, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", s, fmt.Sprintf(format, args...)))
 	}
-	cfg := &config{Kubeconfig: fv.kubeconfig}
+	cfg := &config{Kubeconfig: fv.kubeconfig, ComponentsBinary: fv.componentsBinary}
 
 	hub := pick("hub-url", "hub.url", fv.hubURL, "")
 	if hub.value == "" {
@@ -218,6 +230,21 @@ func loadConfig(fv flagValues, changed func(flag string) bool, getenv func(strin
 	case "false":
 	default:
 		fail(disp, "dispatch.enabled %q is neither true nor false", disp.value)
+	}
+
+	switch inst := pick("install-components", "components.install", strconv.FormatBool(fv.installComponents), "true"); strings.ToLower(inst.value) {
+	case "true":
+		cfg.InstallComponents = true
+	case "false":
+	default:
+		fail(inst, "components.install %q is neither true nor false", inst.value)
+	}
+
+	if sa := pick("components-service-account", "components.serviceAccount", fv.componentsSA, ""); sa.value != "" {
+		if msgs := validation.IsDNS1123Subdomain(sa.value); len(msgs) > 0 {
+			fail(sa, "ServiceAccount name %q is not valid: %s", sa.value, strings.Join(msgs, "; "))
+		}
+		cfg.ComponentsServiceAccount = sa.value
 	}
 
 	tok, err := enrollmentToken(fv, changed, vals)

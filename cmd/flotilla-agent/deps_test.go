@@ -7,8 +7,10 @@ import (
 )
 
 // The agent runs in customers' worker clusters: the hub's keys and SOPS, and the forge
-// clients, must not even be linked into it.
-func TestAgentDoesNotLinkTheHubsSecrets(t *testing.T) {
+// clients, must not even be linked into it. Nor Helm: linked, it alone would take more
+// resident memory than the idle agent's whole budget, so it runs in the short-lived
+// installer binary beside the agent.
+func TestAgentDoesNotLinkTheHubsSecretsNorHelm(t *testing.T) {
 	out, err := exec.CommandContext(t.Context(), "go", "list", "-deps", ".").Output()
 	if err != nil {
 		t.Fatalf("go list -deps: %v", err)
@@ -21,6 +23,9 @@ func TestAgentDoesNotLinkTheHubsSecrets(t *testing.T) {
 			"github.com/google/go-github/",
 			"code.gitea.io/sdk/",
 			"gitlab.com/gitlab-org/api/",
+			"helm.sh/",
+			"github.com/flotilla-gitops/flotilla/agent/components/installer",
+			"github.com/flotilla-gitops/flotilla/agent/components/charts",
 		} {
 			if strings.HasPrefix(pkg, banned) {
 				t.Errorf("flotilla-agent links %s", pkg)

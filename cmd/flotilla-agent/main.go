@@ -21,6 +21,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/flotilla-gitops/flotilla/agent/components"
 	"github.com/flotilla-gitops/flotilla/cmd/internal/version"
 )
 
@@ -63,7 +64,8 @@ func newRootCommand(getenv func(string) string, start starter) *cobra.Command {
 			"Settings come from the flotilla-agent chart's values file (--values): hub.url,\n" +
 			"cluster.tenant, cluster.name, cluster.identity, enrollment.token and the optional\n" +
 			"agent.namespace, agent.credentialSecret, agent.caBundle (a file or inline PEM),\n" +
-			"agent.heartbeat, agent.dcgmURL, agent.listen, agent.logLevel and dispatch.enabled.\n" +
+			"agent.heartbeat, agent.dcgmURL, agent.listen, agent.logLevel, dispatch.enabled,\n" +
+			"components.install and components.serviceAccount.\n" +
 			"A flag overrides the file. The enrollment token has no flag, since flags show in\n" +
 			"process listings: it is read from the values file or from --enrollment-token-file.",
 		Version:       version.String("flotilla-agent"),
@@ -82,6 +84,7 @@ func newRootCommand(getenv func(string) string, start starter) *cobra.Command {
 			return err
 		},
 	}
+	cmd.AddCommand(newResetCommand(getenv))
 	cmd.SetVersionTemplate("{{.Version}}\n")
 	f := cmd.Flags()
 	f.SortFlags = false
@@ -98,6 +101,9 @@ func newRootCommand(getenv func(string) string, start starter) *cobra.Command {
 	f.StringVar(&fv.kubeconfig, "kubeconfig", "", "a kubeconfig for the worker cluster (default: in-cluster, else $"+kubeconfigEnv+")")
 	f.StringVar(&fv.logLevel, "log-level", "info", "debug, info, warn or error (agent.logLevel)")
 	f.BoolVar(&fv.dispatch, "dispatch", true, "serve the hub's Kubernetes API proxy, through which the hub's MultiKueue dispatches jobs here (dispatch.enabled)")
+	f.BoolVar(&fv.installComponents, "install-components", true, "install and upgrade Kueue and JobSet where the fleet manages them (components.install); false where the cluster's team runs them")
+	f.StringVar(&fv.componentsBinary, "components-binary", "", "the installer of Kueue and JobSet (default: "+components.BinaryName+" beside this executable)")
+	f.StringVar(&fv.componentsSA, "components-service-account", "", "a ServiceAccount of the agent's namespace that the installer acts as (components.serviceAccount; default: the agent's own identity)")
 	f.BoolVar(&fv.allowInsecureLoopback, "allow-insecure-loopback", false, "accept a ws:// hub URL to a loopback host, for a hub on this machine")
 	return cmd
 }

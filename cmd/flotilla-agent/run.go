@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"runtime/debug"
 	"time"
@@ -29,6 +30,8 @@ import (
 
 	"github.com/flotilla-gitops/flotilla/agent"
 	"github.com/flotilla-gitops/flotilla/agent/apply"
+	"github.com/flotilla-gitops/flotilla/agent/components"
+	"github.com/flotilla-gitops/flotilla/agent/converge"
 	"github.com/flotilla-gitops/flotilla/agent/inventory"
 	"github.com/flotilla-gitops/flotilla/agent/proxy"
 	"github.com/flotilla-gitops/flotilla/cmd/internal/version"
@@ -115,6 +118,14 @@ func newAgent(ctx context.Context, cfg *config, log *slog.Logger, getenv func(st
 	if err != nil {
 		return nil, err
 	}
+	installer, without, err := newInstaller(cfg, restCfg, log)
+	if err != nil {
+		return nil, err
+	}
+	converger, err := converge.New(converge.Options{Client: c, Applier: applier, Installer: installer, WithoutInstaller: without, ProbeNamespace: cfg.Namespace, Log: log})
+	if err != nil {
+		return nil, err
+	}
 	inv, err := inventory.NewCollector(inventory.Options{Client: c, DCGMURL: cfg.DCGMURL})
 	if err != nil {
 		return nil, err
@@ -141,13 +152,42 @@ func newAgent(ctx context.Context, cfg *config, log *slog.Logger, getenv func(st
 		Client:            c,
 		TLS:               tlsCfg,
 		Liveness:          cfg.Liveness,
-		Applier:           applier,
+		Applier:           converger,
 		Inventory:         inv,
 		Proxy:             dispatch,
 		AgentVersion:      agentVersion(),
 		KubernetesVersion: kv,
 		Log:               log,
 	})
+}
+
+// newInstaller is the installer of Kueue and JobSet, acting as the chart's ServiceAccount
+// for it when one is configured. Without one, it says why, for the status of a cluster
+// whose components flotilla manages.
+func newInstaller(cfg *config, restCfg *rest.Config, log *slog.Logger) (converge.Installer, string, error) {
+	if !cfg.InstallComponents {
+		return nil, "the agent was installed with components.install: false, without the permissions to install Kueue and JobSet: set spec.components.managed: false in cluster.yaml if the cluster's team runs them, or install the agent's chart with components.install: true", nil
+	}
+	bin := cfg.ComponentsBinary
+	if bin == "" {
+		var err error
+		if bin, err = components.BesideExecutable(); err != nil {
+			return nil, "", err
+		}
+	}
+	if _, err := os.Stat(bin); err != nil {
+		log.Warn("the installer of Kueue and JobSet is missing: clusters whose components flotilla manages are reported as such", "path", bin, "error", err)
+		return nil, "the agent's installer of Kueue and JobSet (" + components.BinaryName + ") is missing from its image: reinstall the agent's chart with its own image", nil
+	}
+	icfg := rest.CopyConfig(restCfg)
+	if cfg.ComponentsServiceAccount != "" {
+		icfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + cfg.Namespace + ":" + cfg.ComponentsServiceAccount}
+	}
+	kc, err := components.KubeConfigFor(icfg)
+	if err != nil {
+		return nil, "", err
+	}
+	return &components.Installer{Binary: bin, KubeConfig: kc, Stderr: os.Stderr}, "", nil
 }
 
 // restConfig is the worker's API server: the kubeconfig given, else the pod's service

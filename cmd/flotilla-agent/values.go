@@ -34,6 +34,8 @@ func valueKeys(section string) []string {
 		return []string{"namespace", "credentialSecret", "caBundle", "heartbeat", "dcgmURL", "listen", "logLevel"}
 	case "dispatch":
 		return []string{"enabled"}
+	case "components":
+		return []string{"install", "serviceAccount"}
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"filippo.io/age"
@@ -31,6 +32,8 @@ type fleetInitOptions struct {
 	tenant     string
 	hubURL     string
 	recipients []string
+	// managedComponents: the agents install Kueue and JobSet.
+	managedComponents bool
 }
 
 func newFleetInitCommand() *cobra.Command {
@@ -73,6 +76,7 @@ func newFleetInitCommand() *cobra.Command {
 	cmd.Flags().StringVar(&o.tenant, "tenant", "", "tenant that owns the fleet's clusters (a DNS label)")
 	cmd.Flags().StringVar(&o.hubURL, "hub-url", "", "URL agents dial, wss://host[:port][/path] (ws:// only to a loopback host)")
 	cmd.Flags().StringArrayVar(&o.recipients, "age-recipient", nil, "age public key of the hub (repeatable)")
+	cmd.Flags().BoolVar(&o.managedComponents, "manage-components", true, "agents install and upgrade Kueue and JobSet on the workers (false: the workers' teams run them)")
 	for _, f := range []string{"tenant", "hub-url", "age-recipient"} {
 		_ = cmd.MarkFlagRequired(f)
 	}
@@ -157,6 +161,9 @@ func (o *fleetInitOptions) write(dir string) ([]string, error) {
 		case fleet.FleetFile:
 			if data, err = setScalar(data, o.tenant, "spec", "tenant"); err == nil {
 				data, err = setScalar(data, o.hubURL, "spec", "hubURL")
+			}
+			if err == nil {
+				data, err = setRawScalar(data, strconv.FormatBool(o.managedComponents), "spec", "components", "managed")
 			}
 		case ".sops.yaml":
 			data, err = setScalar(data, strings.Join(o.recipients, ","), "creation_rules", "0", "age")

@@ -33,7 +33,7 @@ func CommitStatus(context string, wc *v1alpha1.WorkerCluster) commitstatus.Statu
 		st.State, st.Description = commitstatus.Success, "cordoned · "+ready.Message
 	case isReady && dispatch != nil:
 		st.State, st.Description = commitstatus.Pending, dispatch.Message
-	case configured != nil && configured.Status == metav1.ConditionFalse && configured.Reason != v1alpha1.ReasonOutdated:
+	case configured != nil && configured.Status == metav1.ConditionFalse && configured.Reason != v1alpha1.ReasonOutdated && configured.Reason != v1alpha1.ReasonComponentsConverging:
 		st.State, st.Description = commitstatus.Failure, configured.Message
 	case ready != nil:
 		st.State, st.Description = commitstatus.Pending, ready.Message

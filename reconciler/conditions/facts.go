@@ -2,11 +2,13 @@ package conditions
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/flotilla-gitops/flotilla/agent/components"
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
@@ -167,6 +169,14 @@ func (f Applied) record(wc *v1alpha1.WorkerCluster) {
 	if f.Report.Complete() {
 		wc.Status.AppliedHash = f.Report.Hash
 	}
+	if f.Report.Components != nil {
+		wc.Status.Components = nil
+		for _, c := range f.Report.Components {
+			wc.Status.Components = append(wc.Status.Components, v1alpha1.ComponentStatus{
+				Name: string(c.Component), Version: c.Version, Managed: c.Action != components.ActionChecked, Ready: c.Ready, Message: c.Message,
+			})
+		}
+	}
 	status, reason, msg := applied(wc.Status.DesiredHash, f.Report)
 	// The report is about the generation the agent was sent, which may be older than
 	// the WorkerCluster's by now: Derive judges it against the current one.
@@ -178,6 +188,23 @@ func (f Applied) record(wc *v1alpha1.WorkerCluster) {
 // applied says what a report means for WorkerConfigured: True only for the current
 // desired state applied whole.
 func applied(desired string, a *protocol.Applied) (metav1.ConditionStatus, string, string) {
+	for _, c := range a.Components {
+		switch {
+		case c.Action == components.ActionRefused:
+			return metav1.ConditionFalse, v1alpha1.ReasonComponentRefused, c.String()
+		case c.Action == components.ActionFailed:
+			return metav1.ConditionFalse, v1alpha1.ReasonComponentFailed, c.String()
+		}
+	}
+	var waiting []string
+	for _, c := range a.Components {
+		if !c.Ready {
+			waiting = append(waiting, c.String())
+		}
+	}
+	if len(waiting) > 0 {
+		return metav1.ConditionFalse, v1alpha1.ReasonComponentsConverging, strings.Join(waiting, "; ") + "; the worker's ClusterQueues admit no new work until then"
+	}
 	if a.Error != "" {
 		return metav1.ConditionFalse, v1alpha1.ReasonApplyFailed, "the agent could not apply the desired state: " + a.Error
 	}
@@ -194,7 +221,13 @@ func applied(desired string, a *protocol.Applied) (metav1.ConditionStatus, strin
 	if desired != "" && a.Hash != desired {
 		return metav1.ConditionFalse, v1alpha1.ReasonOutdated, fmt.Sprintf("the agent applied %s; the desired state is %s", a.Hash, desired)
 	}
-	return metav1.ConditionTrue, v1alpha1.ReasonApplied, fmt.Sprintf("applied %d objects at %s", len(a.Results), a.Hash)
+	msg := fmt.Sprintf("applied %d objects at %s", len(a.Results), a.Hash)
+	for _, c := range a.Components {
+		if c.Action == components.ActionChecked && c.Running != c.Version {
+			msg += "; " + c.String()
+		}
+	}
+	return metav1.ConditionTrue, v1alpha1.ReasonApplied, msg
 }
 
 func objectName(r protocol.ObjectResult) string {

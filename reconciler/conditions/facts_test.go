@@ -5,10 +5,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/flotilla-gitops/flotilla/agent/components"
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
@@ -43,6 +46,21 @@ func TestAppliedReports(t *testing.T) {
 		{"a refusal wins over a failure", "sha256:a", protocol.Applied{Generation: 2, Hash: "sha256:a", Results: []protocol.ObjectResult{{Action: protocol.ActionFailed, Message: "x"}, {Action: protocol.ActionRefused, Message: "refuse to adopt"}}}, metav1.ConditionFalse, v1alpha1.ReasonAdoptionRefused, ""},
 		{"a failed object fails", "sha256:a", protocol.Applied{Generation: 2, Hash: "sha256:a", Results: []protocol.ObjectResult{{Kind: "LocalQueue", Namespace: "team", Name: "q", Action: protocol.ActionFailed, Message: "forbidden"}}}, metav1.ConditionFalse, v1alpha1.ReasonApplyFailed, ""},
 		{"a state not applied as a whole fails", "sha256:a", protocol.Applied{Generation: 2, Hash: "sha256:a", Error: "the API server is unreachable"}, metav1.ConditionFalse, v1alpha1.ReasonApplyFailed, ""},
+		{"a component on its way is converging", "sha256:a", protocol.Applied{Generation: 2, Hash: "sha256:a", Components: []components.Status{
+			{Component: components.JobSet, Version: "v0.11.1", Action: components.ActionInstalled, Ready: true},
+			{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionInstalled, Ready: false, Message: "waiting for kueue v0.17.0 to answer: its webhook does not answer"}}},
+			metav1.ConditionFalse, v1alpha1.ReasonComponentsConverging, ""},
+		{"a refused component names what was found", "sha256:a", protocol.Applied{Generation: 2, Hash: "sha256:a", Components: []components.Status{
+			{Component: components.JobSet, Version: "v0.11.1", Action: components.ActionInstalled},
+			{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionRefused, Message: "Kueue was installed without Helm"}}},
+			metav1.ConditionFalse, v1alpha1.ReasonComponentRefused, ""},
+		{"a failed install fails", "sha256:a", protocol.Applied{Generation: 2, Hash: "sha256:a", Components: []components.Status{
+			{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionFailed, Message: "the chart did not render"}}},
+			metav1.ConditionFalse, v1alpha1.ReasonComponentFailed, ""},
+		{"ready components and objects are configured", "sha256:a", protocol.Applied{Generation: 2, Hash: "sha256:a", Results: []protocol.ObjectResult{ok}, Components: []components.Status{
+			{Component: components.JobSet, Version: "v0.11.1", Action: components.ActionUnchanged, Ready: true},
+			{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionUpgraded, Ready: true}}},
+			metav1.ConditionTrue, v1alpha1.ReasonApplied, "sha256:a"},
 		{"an older generation applied whole is outdated", "sha256:a", protocol.Applied{Generation: 1, Hash: "sha256:a", Results: []protocol.ObjectResult{ok}}, metav1.ConditionFalse, v1alpha1.ReasonOutdated, "sha256:a"},
 	}
 	for _, tt := range tests {
@@ -56,6 +74,82 @@ func TestAppliedReports(t *testing.T) {
 			}
 			if wc.Status.AppliedHash != tt.appliedHash || wc.Status.DesiredHash != tt.desired {
 				t.Errorf("applied %q, desired %q; want %q, %q", wc.Status.AppliedHash, wc.Status.DesiredHash, tt.appliedHash, tt.desired)
+			}
+		})
+	}
+}
+
+// What a worker's components show: in the status, on WorkerConfigured, and on the
+// commit, where converging is pending and a refusal is a failure.
+func TestComponentReports(t *testing.T) {
+	tests := []struct {
+		name       string
+		statuses   []components.Status
+		message    string // in WorkerConfigured's message
+		state      commitstatus.State
+		components []v1alpha1.ComponentStatus
+	}{
+		{
+			name: "converging names the component, its version and the hold",
+			statuses: []components.Status{
+				{Component: components.JobSet, Version: "v0.11.1", Action: components.ActionUnchanged, Ready: true},
+				{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionUpgraded, Message: "waiting for kueue v0.17.0 to report ClusterQueue gpu Active"},
+			},
+			message: "kueue v0.17.0: waiting for kueue v0.17.0 to report ClusterQueue gpu Active; the worker's ClusterQueues admit no new work until then",
+			state:   commitstatus.Pending,
+			components: []v1alpha1.ComponentStatus{
+				{Name: "jobset", Version: "v0.11.1", Managed: true, Ready: true},
+				{Name: "kueue", Version: "v0.17.0", Managed: true, Message: "waiting for kueue v0.17.0 to report ClusterQueue gpu Active"},
+			},
+		},
+		{
+			name: "every component that is not ready is named",
+			statuses: []components.Status{
+				{Component: components.JobSet, Version: "v0.11.1", Action: components.ActionInstalled, Message: "waiting for kueue v0.17.0 to answer first, since its webhooks see JobSets too"},
+				{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionInstalled, Message: "waiting for kueue v0.17.0 to answer: its webhook does not answer"},
+			},
+			message: "jobset v0.11.1: waiting for kueue v0.17.0 to answer first, since its webhooks see JobSets too; kueue v0.17.0: waiting for kueue v0.17.0 to answer: its webhook does not answer; the worker's ClusterQueues admit no new work until then",
+			state:   commitstatus.Pending,
+			components: []v1alpha1.ComponentStatus{
+				{Name: "jobset", Version: "v0.11.1", Managed: true, Message: "waiting for kueue v0.17.0 to answer first, since its webhooks see JobSets too"},
+				{Name: "kueue", Version: "v0.17.0", Managed: true, Message: "waiting for kueue v0.17.0 to answer: its webhook does not answer"},
+			},
+		},
+		{
+			name: "a refusal fails the commit with how to hand over",
+			statuses: []components.Status{
+				{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionRefused, Message: "found Kueue installed without Helm; set spec.components.adopt: true"},
+			},
+			message:    "kueue v0.17.0: found Kueue installed without Helm; set spec.components.adopt: true",
+			state:      commitstatus.Failure,
+			components: []v1alpha1.ComponentStatus{{Name: "kueue", Version: "v0.17.0", Managed: true, Message: "found Kueue installed without Helm; set spec.components.adopt: true"}},
+		},
+		{
+			name: "a version other than the fleet's on an unmanaged worker is reported, not failed",
+			statuses: []components.Status{
+				{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionChecked, Ready: true, Running: "v0.16.2", Message: "not managed by flotilla; runs v0.16.2, and fleet.yaml names v0.17.0"},
+			},
+			message:    "applied 1 objects at sha256:a; kueue v0.17.0: not managed by flotilla; runs v0.16.2, and fleet.yaml names v0.17.0",
+			state:      commitstatus.Success,
+			components: []v1alpha1.ComponentStatus{{Name: "kueue", Version: "v0.17.0", Ready: true, Message: "not managed by flotilla; runs v0.16.2, and fleet.yaml names v0.17.0"}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wc := worker(v1alpha1.ConditionRegistered+"=True/"+v1alpha1.ReasonEnrolled, v1alpha1.ConditionConnected+"=True/"+v1alpha1.ReasonTunnelUp)
+			wc.Status.Enrollment = &v1alpha1.Enrollment{RedeemedAt: metav1.NewTime(at)}
+			rep := protocol.Applied{Generation: 2, Hash: "sha256:a", Results: []protocol.ObjectResult{{Kind: "ClusterQueue", Name: "gpu", Action: protocol.ActionUnchanged}}, Components: tt.statuses}
+			Applied{Report: &rep, Sent: "sha256:a"}.record(wc)
+			Derive(wc)
+			c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionWorkerConfigured)
+			if c.Message != tt.message {
+				t.Errorf("WorkerConfigured says %q, want %q", c.Message, tt.message)
+			}
+			if st := CommitStatus("flotilla/gpu-a", wc); st.State != tt.state || st.Description != c.Message && tt.state != commitstatus.Success {
+				t.Errorf("commit status %s %q, want %s saying %q", st.State, st.Description, tt.state, c.Message)
+			}
+			if diff := cmp.Diff(tt.components, wc.Status.Components); diff != "" {
+				t.Errorf("status.components (-want +got):\n%s", diff)
 			}
 		})
 	}

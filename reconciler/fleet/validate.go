@@ -106,6 +106,7 @@ func loadFleetFile(fsys fs.FS, list *ErrorList) *v1alpha1.Fleet {
 		e.at(n.Line, n.Column, "spec.decommission %q must be Prune or Keep", s.Decommission)
 	}
 	validateDispatch(s.Dispatch, at, e)
+	validateComponents(s.Components, at, e)
 	seen = map[string]bool{}
 	for i, r := range s.AllowedResidencies {
 		n := at("allowedResidencies", fmt.Sprintf("[%d]", i))
@@ -341,6 +342,7 @@ func validateWorkerCluster(f *Fleet, c *Cluster, root *yaml.Node, wc *v1alpha1.W
 		n := at("spec", "preset")
 		e.at(n.Line, n.Column, "preset %q has errors; fix presets/%s first", s.Preset, s.Preset)
 	}
+	validateClusterComponents(s.Components, at, e)
 	products := map[string]bool{}
 	for i, g := range s.ExpectedGPUs {
 		idx := fmt.Sprintf("[%d]", i)

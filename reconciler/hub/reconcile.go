@@ -132,7 +132,8 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		return fmt.Errorf("writing WorkerCluster %s/%s: %w", key.Namespace, key.Name, err)
 	}
 
-	ds := &protocol.DesiredState{Generation: want.Generation, Hash: res.Hash}
+	comps := res.Components
+	ds := &protocol.DesiredState{Generation: want.Generation, Hash: res.Hash, Components: &comps}
 	for _, o := range res.Objects {
 		raw, err := json.Marshal(o.Object)
 		if err != nil {

@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
+	"github.com/flotilla-gitops/flotilla/agent/components"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 )
@@ -50,6 +51,9 @@ type Result struct {
 	Hash string `json:"hash"`
 	// Objects in the order the agent applies them.
 	Objects []*unstructured.Unstructured `json:"objects"`
+	// Components are the Kueue and JobSet the worker runs, which the agent installs
+	// before it applies Objects.
+	Components components.Spec `json:"components"`
 }
 
 // maxCachedPresetSets bounds the preset cache: a hub only ever needs the presets of the
@@ -114,7 +118,8 @@ func (r *Renderer) Render(f *fleet.Fleet, name string) (*Result, error) {
 		return nil, errs
 	}
 	res.Objects = objects
-	hash, err := Hash(objects)
+	res.Components = fleet.Components(f, c)
+	hash, err := Hash(objects, res.Components)
 	if err != nil {
 		return nil, fmt.Errorf("hashing objects of cluster %q: %w", name, err)
 	}
@@ -275,13 +280,17 @@ func run(fsys filesys.FileSystem, dir string) ([]map[string]any, error) {
 
 // Hash is the content hash of an object list: SHA-256 over its canonical JSON (keys
 // sorted, no insignificant space), in the list's order.
-func Hash(objects []*unstructured.Unstructured) (string, error) {
+func Hash(objects []*unstructured.Unstructured, comps components.Spec) (string, error) {
 	h := sha256.New()
 	enc := json.NewEncoder(h)
 	for _, o := range objects {
 		if err := enc.Encode(o.Object); err != nil {
 			return "", err
 		}
+	}
+	// After the objects, so that the hash of a desired state is told from any object list.
+	if err := enc.Encode(comps); err != nil {
+		return "", err
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
@@ -291,6 +300,15 @@ func Hash(objects []*unstructured.Unstructured) (string, error) {
 func (r *Result) YAML() ([]byte, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# cluster: %s\n# identity: %s\n# desired generation: %s\n", r.Cluster, r.Identity, r.Hash)
+	if c := r.Components; c.Managed {
+		fmt.Fprintf(&b, "# components, installed by the agent: %s, %s", c.Image(components.Kueue), c.Image(components.JobSet))
+		if c.Adopt {
+			b.WriteString(" (taking over what is there)")
+		}
+		b.WriteString("\n")
+	} else {
+		fmt.Fprintf(&b, "# components, run by the cluster's team: Kueue %s and JobSet %s expected\n", c.Kueue.Version, c.JobSet.Version)
+	}
 	for _, o := range r.Objects {
 		data, err := yaml.Marshal(o.Object)
 		if err != nil {

@@ -120,6 +120,9 @@ func TestRenderHashChangesWithContent(t *testing.T) {
 	cordoned := load(t, withCluster(t, replace("cordoned: false", "cordoned: true"), nil))
 	quota := load(t, withCluster(t, replace("nvidia.com/gpu: 64", "nvidia.com/gpu: 65"), nil))
 	comment := load(t, withCluster(t, replace("# One worker", "# Just one worker"), nil))
+	unmanaged := load(t, withCluster(t, replace("  cordoned: false\n", "  cordoned: false\n  components:\n    managed: false\n"), nil))
+	mirrored := withCluster(t, same, nil)
+	mirrored["fleet.yaml"].Data = []byte(strings.Replace(string(mirrored["fleet.yaml"].Data), "    managed: true\n", "    managed: true\n    registry: mirror.example.com\n", 1))
 	hash := func(f *fleet.Fleet) string {
 		res, err := render.New().Render(f, example)
 		if err != nil {
@@ -136,6 +139,12 @@ func TestRenderHashChangesWithContent(t *testing.T) {
 	}
 	if hash(quota) == h {
 		t.Error("changing the quota did not change the desired generation")
+	}
+	if hash(unmanaged) == h {
+		t.Error("handing the cluster's Kueue to its team did not change the desired generation")
+	}
+	if hash(load(t, mirrored)) == h {
+		t.Error("a registry mirror for the components did not change the desired generation")
 	}
 	if hash(comment) != h {
 		t.Error("a comment in cluster.yaml changed the desired generation")

@@ -53,6 +53,10 @@ type Options struct {
 	// Kueue's, JobSet's and flotilla's own. Each must exist.
 	CRDDirs []string
 
+	// WithoutComponentCRDs leaves out Kueue's and JobSet's CRDs: a worker where they are yet
+	// to be installed, as the agent installs them with their Helm charts.
+	WithoutComponentCRDs bool
+
 	// TempDir is where each plane makes its temporary directory (certificates, etcd data,
 	// wrappers). Main points it at its per-process root so that everything is removed at once;
 	// empty means os.TempDir().
@@ -114,7 +118,7 @@ func Start(ctx context.Context, n int, opts Options) ([]*ControlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting control planes: %w", err)
 	}
-	crds, err := crdPaths(ctx, root, opts.CRDDirs)
+	crds, err := crdPaths(ctx, root, !opts.WithoutComponentCRDs, opts.CRDDirs)
 	if err != nil {
 		return nil, fmt.Errorf("starting control planes: %w", err)
 	}

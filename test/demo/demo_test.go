@@ -317,7 +317,7 @@ func (d *demo) createFleet() {
 	d.say("    a fresh age identity for the hub in hub/hub.agekey (0600); its recipient %s…", id.Recipient().String()[:16])
 
 	initDir := filepath.Join(d.root, "new-fleet")
-	d.sh(d.root, echoOutput, d.flotilla(), "fleet", "init", initDir, "--tenant", tenant, "--hub-url", "ws://"+d.tunnelAddr, "--age-recipient", id.Recipient().String())
+	d.sh(d.root, echoOutput, d.flotilla(), "fleet", "init", initDir, "--tenant", tenant, "--hub-url", "ws://"+d.tunnelAddr, "--age-recipient", id.Recipient().String(), "--manage-components=false")
 	d.repoURL = d.startGitServer().NewRepo(d.t, "fleet", initDir).URL()
 	d.say("    new-fleet/ pushed as the first commit of %s", d.repoURL)
 	d.checkout = filepath.Join(d.root, "fleet")

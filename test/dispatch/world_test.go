@@ -296,6 +296,9 @@ func (w *world) createFleet() {
 	for old, repl := range map[string]string{
 		"tenant: example":   "tenant: " + w.tenant,
 		"    - ml-training": "    - " + w.workloads,
+		// The workers run Kueue's manager as a test process (test/kueuetest), not through
+		// the agent's Helm install.
+		"    managed: true": "    managed: false",
 	} {
 		if !strings.Contains(fleetYAML, old) {
 			tb.Fatalf("the template's fleet.yaml has no %q", old)

@@ -94,7 +94,7 @@ func TestRealBinaries(t *testing.T) {
 	id := sopstest.NewIdentity(t)
 	keyFile := sopstest.WriteKeyFile(t, dir, "hub.agekey", id)
 	checkout := filepath.Join(dir, "fleet")
-	cli(t, "fleet", "init", checkout, "--tenant", tenant, "--hub-url", "ws://"+tunnelAddr, "--age-recipient", id.Recipient().String())
+	cli(t, "fleet", "init", checkout, "--tenant", tenant, "--hub-url", "ws://"+tunnelAddr, "--age-recipient", id.Recipient().String(), "--manage-components=false")
 	repo := gitserver.Start(t).NewRepo(t, "fleet", checkout)
 
 	write := func(name string, data []byte) string {

@@ -63,7 +63,7 @@ func rendered(t testing.TB, generation int64, edit func([]*unstructured.Unstruct
 	}
 	if edit != nil {
 		res.Objects = edit(res.Objects)
-		if res.Hash, err = render.Hash(res.Objects); err != nil {
+		if res.Hash, err = render.Hash(res.Objects, res.Components); err != nil {
 			t.Fatal(err)
 		}
 	}

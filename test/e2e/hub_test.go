@@ -239,7 +239,7 @@ func newFleetRepo(t testing.TB, tenant string) *fleetRepo {
 		t.Fatal(err)
 	}
 	h.addr = l.Addr().String()
-	cli(t, "fleet", "init", f.dir, "--tenant", tenant, "--hub-url", "ws://"+h.addr, "--age-recipient", id.Recipient().String())
+	cli(t, "fleet", "init", f.dir, "--tenant", tenant, "--hub-url", "ws://"+h.addr, "--age-recipient", id.Recipient().String(), "--manage-components=false")
 	srv := gitserver.Start(t)
 	f.repo = srv.NewRepo(t, "fleet-"+tenant, f.dir)
 

@@ -21,10 +21,11 @@ import (
 // management is off (cmd/kueue/main.go); it cannot be configured.
 const metricsCertDir = "/etc/kueue/metrics/certs"
 
-// writeServingCert makes a CA and a serving certificate for the loopback address signed by it,
-// writes the certificate and key as tls.crt and tls.key into dir (where Kueue's webhook server
-// reads them), and returns the CA certificate for the webhook configurations' caBundle.
-func writeServingCert(dir string) ([]byte, error) {
+// WriteServingCert makes a CA and a serving certificate for 127.0.0.1 and localhost signed by
+// it, writes the certificate and key as tls.crt and tls.key into dir (where controller-runtime's
+// webhook server reads them: Kueue's, and any other manager's), and returns the CA certificate
+// for the webhook configurations' caBundle. Both are valid for a day.
+func WriteServingCert(dir string) ([]byte, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("generating webhook CA key: %w", err)

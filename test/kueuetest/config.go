@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 
 	configv1alpha1 "k8s.io/component-base/config/v1alpha1"
 	"k8s.io/utils/ptr"
@@ -19,11 +20,20 @@ const loopback = "127.0.0.1"
 // visibilityGate is Kueue's feature gate for its on-demand visibility API server.
 const visibilityGate = "VisibilityOnDemand"
 
+// settings are the caller's choices that configure respects.
+type settings struct {
+	// leaderElection keeps the configuration's leader election.
+	leaderElection bool
+	// flagGates are the feature gates of a --feature-gates argument, nil when there is none:
+	// Kueue then ignores (and refuses) the configuration's.
+	flagGates map[string]bool
+}
+
 // configure returns a copy of the caller's configuration (nil is Kueue's defaults) with the
 // harness's parts filled in: namespace, the servers on the given free loopback ports (health,
-// metrics, webhook, visibility), the webhook certificate directory, no leader election and no
-// internal certificate management.
-func configure(in *configapi.Configuration, ports []int, certDir string) *configapi.Configuration {
+// metrics, webhook, visibility), the webhook certificate directory, no leader election (unless
+// kept, then with its lease in the namespace) and no internal certificate management.
+func configure(in *configapi.Configuration, ports []int, certDir string, set settings) *configapi.Configuration {
 	cfg := &configapi.Configuration{}
 	if in != nil {
 		cfg = in.DeepCopy()
@@ -37,23 +47,79 @@ func configure(in *configapi.Configuration, ports []int, certDir string) *config
 	cfg.Health.HealthProbeBindAddress = addr(ports[0])
 	cfg.Metrics.BindAddress = addr(ports[1])
 	cfg.Webhook = configapi.ControllerWebhook{Host: loopback, Port: ptr.To(ports[2]), CertDir: certDir}
-	// Several managers of one test process run against different planes: each elects itself.
-	cfg.LeaderElection = &configv1alpha1.LeaderElectionConfiguration{LeaderElect: ptr.To(false)}
+	switch {
+	case !set.leaderElection || cfg.LeaderElection == nil || !ptr.Deref(cfg.LeaderElection.LeaderElect, false):
+		// One manager per plane needs no lease: it leads at once.
+		cfg.LeaderElection = &configv1alpha1.LeaderElectionConfiguration{LeaderElect: ptr.To(false)}
+	case cfg.LeaderElection.ResourceNamespace == "":
+		// In a pod, controller-runtime finds the lease's namespace in the service account's
+		// files; a process here has none.
+		cfg.LeaderElection.ResourceNamespace = *cfg.Namespace
+	}
 	// The webhook certificate comes from the harness, whose CA the webhook configurations carry;
 	// Kueue's own rotation would write a Secret and patch configurations for a Service.
 	cfg.InternalCertManagement = &configapi.InternalCertManagement{Enable: ptr.To(false)}
 	// The visibility server binds port 8082 on every interface by default, which two managers
 	// on one machine cannot share, and needs an APIService registration the tests do not make.
-	if _, set := cfg.FeatureGates[visibilityGate]; !set {
-		if cfg.FeatureGates == nil {
-			cfg.FeatureGates = map[string]bool{}
+	// With gates on the command line, managerArgs has turned it off there.
+	visibility := set.flagGates[visibilityGate]
+	if set.flagGates == nil {
+		if _, set := cfg.FeatureGates[visibilityGate]; !set {
+			if cfg.FeatureGates == nil {
+				cfg.FeatureGates = map[string]bool{}
+			}
+			cfg.FeatureGates[visibilityGate] = false
 		}
-		cfg.FeatureGates[visibilityGate] = false
+		visibility = cfg.FeatureGates[visibilityGate]
 	}
-	if cfg.FeatureGates[visibilityGate] {
+	if visibility {
 		cfg.VisibilityServer = &configapi.VisibilityServerConfiguration{BindAddress: ptr.To(loopback), BindPort: ptr.To(int32(ports[3]))}
 	}
 	return cfg
+}
+
+// ownedFlags are the manager's flags that the harness sets itself: the files it writes and the
+// ports it chooses.
+var ownedFlags = []string{"config", "kubeconfig", "visibility-server-port"}
+
+// managerArgs returns the caller's arguments without the flags the harness owns, with the
+// VisibilityOnDemand gate turned off in a --feature-gates argument that does not name it, and the
+// gates that argument sets (nil when there is none). Kueue reads gates from the flag or from
+// the configuration, never both.
+func managerArgs(in []string) (args []string, gates map[string]bool, err error) {
+	for _, arg := range in {
+		name, value, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+		switch {
+		case !strings.HasPrefix(arg, "-"):
+			args = append(args, arg)
+		case slices.Contains(ownedFlags, name):
+			if !strings.Contains(arg, "=") {
+				return nil, nil, fmt.Errorf("argument %q: give the harness's flags as --name=value", arg)
+			}
+		case name == "feature-gates":
+			gates = map[string]bool{}
+			for kv := range strings.SplitSeq(value, ",") {
+				if kv = strings.TrimSpace(kv); kv == "" {
+					continue
+				}
+				k, v, ok := strings.Cut(kv, "=")
+				on, perr := strconv.ParseBool(strings.TrimSpace(v))
+				if !ok || perr != nil {
+					return nil, nil, fmt.Errorf("argument %q: feature gate %q is not name=true|false", arg, kv)
+				}
+				gates[strings.TrimSpace(k)] = on
+			}
+			if _, ok := gates[visibilityGate]; !ok {
+				gates[visibilityGate] = false
+				value = strings.TrimSuffix(value, ",") + "," + visibilityGate + "=false"
+				value = strings.TrimPrefix(value, ",")
+			}
+			args = append(args, "--feature-gates="+value)
+		default:
+			args = append(args, arg)
+		}
+	}
+	return args, gates, nil
 }
 
 // frameworks returns the integrations Kueue enables with cfg: its defaulting decides when the

@@ -25,6 +25,13 @@
 //   - the VisibilityOnDemand gate off unless the caller sets it (its server would take port
 //     8082 on every interface); when on, it gets a free loopback port too.
 //
+// Options.Args passes further command-line arguments, as a chart's Deployment gives its container
+// (log level, feature gates); Start keeps --config, --kubeconfig and --visibility-server-port to
+// itself. Options.LeaderElection keeps the configuration's leader election, with the lease in the
+// manager's namespace, so that managers overlapping on one plane take turns as the pods of a
+// rolling update do. Options.KubeConfig runs the manager under another identity than the plane's
+// admin, e.g. the ServiceAccount a chart made for it.
+//
 // # Webhooks
 //
 // Kueue's webhook configurations come from its module's config/components/webhook
@@ -39,7 +46,12 @@
 // returns only after the API server calls them (a dry-run ClusterQueue comes back defaulted and
 // a dry-run ResourceFlavor with an invalid node label is refused). They are removed before the
 // manager stops, and also when it exits on its own, so a plane never refuses objects for a
-// webhook that nobody serves. One plane holds at most one manager at a time.
+// webhook that nobody serves. One plane holds at most one such manager at a time.
+//
+// With Options.Webhooks set to WebhooksExternal, Start installs no webhook configuration and
+// returns once the manager reports ready: the caller points configurations that exist already,
+// such as those Kueue's Helm chart installs naming a Service, at Manager.WebhookAddr with
+// Manager.CABundle (test/componenttest does, for the charts the agent installs).
 //
 // # The metrics certificate
 //

@@ -67,7 +67,40 @@ type Options struct {
 	// StartTimeout bounds the start, from running the binary to the webhooks being called by
 	// the API server; zero means two minutes.
 	StartTimeout time.Duration
+
+	// Webhooks says who points the plane's webhook configurations at the manager: Start
+	// (WebhooksInstall, the zero value) or the caller (WebhooksExternal).
+	Webhooks WebhookMode
+
+	// Args are further command-line arguments, e.g. those of the container a chart's Deployment
+	// runs. Start owns --config, --kubeconfig and --visibility-server-port and drops them from
+	// Args; a --feature-gates argument takes the place of the configuration's featureGates, which
+	// Kueue refuses to read when the flag is set.
+	Args []string
+
+	// KubeConfig is what the manager authenticates with, e.g. the token of the ServiceAccount a
+	// chart's Deployment names; nil is the plane's admin kubeconfig.
+	KubeConfig []byte
+
+	// LeaderElection keeps the configuration's leader election instead of turning it off, with
+	// the lease in the manager's namespace (a pod reads that from its service account, a process
+	// on this machine must be told). Managers that overlap on one plane, as the old and the new
+	// pod of a rolling update do, then take turns as a real Deployment's pods do.
+	LeaderElection bool
 }
+
+// WebhookMode says who points the plane's webhook configurations at a manager.
+type WebhookMode int
+
+const (
+	// WebhooksInstall: Start installs Kueue's own webhook configurations, pointed at the
+	// manager, and removes them when it stops. A plane holds one such manager at a time.
+	WebhooksInstall WebhookMode = iota
+	// WebhooksExternal: Start installs none and the caller points existing configurations, for
+	// example those a Helm chart installed, at WebhookAddr trusting CABundle. Start returns once
+	// the manager reports ready; several managers may run against one plane.
+	WebhooksExternal
+)
 
 // Manager is one running Kueue manager process against one control plane. Its fields are set by
 // Start and must not be changed.
@@ -85,6 +118,10 @@ type Manager struct {
 
 	// HealthAddr, MetricsAddr and WebhookAddr are the manager's loopback host:port addresses.
 	HealthAddr, MetricsAddr, WebhookAddr string
+
+	// CABundle is the PEM CA certificate that the webhook server's certificate is signed by:
+	// the caBundle of every webhook configuration that points at WebhookAddr.
+	CABundle []byte
 
 	// StartDuration is how long Start took from running the binary to the manager reporting
 	// ready; installing and waiting for the webhooks comes on top.
@@ -174,22 +211,29 @@ func prepare(ctx context.Context, plane *controlplane.ControlPlane, opts Options
 	fail := func(err error) (*Manager, error) { return nil, errors.Join(err, os.RemoveAll(dir)) }
 
 	certDir := filepath.Join(dir, "webhook-certs")
-	m.Config = configure(opts.Config, ports, certDir)
+	args, gates, err := managerArgs(opts.Args)
+	if err != nil {
+		return fail(err)
+	}
+	m.Config = configure(opts.Config, ports, certDir, settings{leaderElection: opts.LeaderElection, flagGates: gates})
 	m.HealthAddr, m.MetricsAddr = m.Config.Health.HealthProbeBindAddress, m.Config.Metrics.BindAddress
 	m.WebhookAddr = net.JoinHostPort(m.Config.Webhook.Host, strconv.Itoa(*m.Config.Webhook.Port))
 	m.Frameworks = frameworks(m.Config)
 
-	if m.hooks, err = loadWebhooks(ctx, m.Frameworks); err != nil {
+	if opts.Webhooks == WebhooksInstall {
+		if m.hooks, err = loadWebhooks(ctx, m.Frameworks); err != nil {
+			return fail(err)
+		}
+		if err := m.hooks.refuseOccupied(ctx, plane); err != nil {
+			return fail(err)
+		}
+	}
+	if m.CABundle, err = WriteServingCert(certDir); err != nil {
 		return fail(err)
 	}
-	if err := m.hooks.refuseOccupied(ctx, plane); err != nil {
-		return fail(err)
+	if m.hooks != nil {
+		m.hooks.point(m.Config.Webhook.Host, *m.Config.Webhook.Port, certDir, m.CABundle)
 	}
-	ca, err := writeServingCert(certDir)
-	if err != nil {
-		return fail(err)
-	}
-	m.hooks.point(m.Config.Webhook.Host, *m.Config.Webhook.Port, certDir, ca)
 	if err := ensureMetricsCert(); err != nil {
 		return fail(err)
 	}
@@ -201,11 +245,15 @@ func prepare(ctx context.Context, plane *controlplane.ControlPlane, opts Options
 	if err := writeConfig(configFile, m.Config); err != nil {
 		return fail(err)
 	}
-	// The admin kubeconfig carries a client key: readable by this user only.
-	if err := os.WriteFile(kubeconfig, plane.KubeConfig, 0o600); err != nil {
+	kc := opts.KubeConfig
+	if kc == nil {
+		kc = plane.KubeConfig
+	}
+	// A kubeconfig carries a client key or a token: readable by this user only.
+	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
 		return fail(fmt.Errorf("writing the manager's kubeconfig: %w", err))
 	}
-	m.cmd = exec.Command(bin, "--config="+configFile, "--kubeconfig="+kubeconfig)
+	m.cmd = exec.Command(bin, append([]string{"--config=" + configFile, "--kubeconfig=" + kubeconfig}, args...)...)
 	m.cmd.Dir = dir
 	return m, nil
 }
@@ -236,6 +284,10 @@ func (m *Manager) run(ctx context.Context, output io.Writer) error {
 	m.StartDuration = time.Since(began)
 	m.log.Info("kueue manager ready", "after", m.StartDuration)
 
+	if m.hooks == nil {
+		// The caller points the webhook configurations at the manager.
+		return nil
+	}
 	if err := m.hooks.install(ctx, m.Plane); err != nil {
 		return err
 	}

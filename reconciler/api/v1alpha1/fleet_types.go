@@ -58,6 +58,38 @@ type FleetSpec struct {
 	// Dispatch is how the hub's Kueue dispatches jobs to the fleet's workers.
 	// +optional
 	Dispatch *DispatchSpec `json:"dispatch,omitempty"`
+
+	// Components is how the workers get Kueue and JobSet at kueueVersion and
+	// jobSetVersion.
+	// +optional
+	Components *FleetComponents `json:"components,omitempty"`
+}
+
+// FleetComponents configures the Kueue and JobSet the agents install on the workers.
+type FleetComponents struct {
+	// Managed: each agent installs and upgrades Kueue and JobSet with Helm. It is on
+	// unless set to false; a cluster.yaml may say otherwise for its cluster. When off,
+	// the cluster's platform team runs them, and the agent reports a version that is not
+	// the fleet's.
+	// +optional
+	Managed *bool `json:"managed,omitempty"`
+
+	// Registry is a mirror of registry.k8s.io that the workers pull the release images
+	// from, e.g. mirror.example.com/k8s. The repository path and the tag stay the
+	// release's (kueue/kueue:v0.17.0); no other image can be named.
+	// +kubebuilder:validation:MaxLength=200
+	// +optional
+	Registry string `json:"registry,omitempty"`
+
+	// KueueDigest pins Kueue's release image (sha256:<64 hex digits>).
+	// +kubebuilder:validation:Pattern=`^sha256:[0-9a-f]{64}$`
+	// +optional
+	KueueDigest string `json:"kueueDigest,omitempty"`
+
+	// JobSetDigest pins JobSet's release image.
+	// +kubebuilder:validation:Pattern=`^sha256:[0-9a-f]{64}$`
+	// +optional
+	JobSetDigest string `json:"jobSetDigest,omitempty"`
 }
 
 // DispatchSpec configures dispatch from the hub (Kueue's MultiKueue) to the workers.

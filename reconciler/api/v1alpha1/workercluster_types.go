@@ -44,6 +44,16 @@ const (
 	ReasonAdoptionRefused = "AdoptionRefused"
 	// ReasonApplyFailed (WorkerConfigured False): the agent could not apply an object.
 	ReasonApplyFailed = "ApplyFailed"
+	// ReasonComponentsConverging (WorkerConfigured False): the agent is installing or
+	// upgrading Kueue or JobSet, or waits for one to answer; the worker's ClusterQueues
+	// admit no new work meanwhile.
+	ReasonComponentsConverging = "ComponentsConverging"
+	// ReasonComponentRefused (WorkerConfigured False): a Kueue or JobSet the agent did not
+	// install is in the way, and the cluster has not opted in to handing it over.
+	ReasonComponentRefused = "ComponentRefused"
+	// ReasonComponentFailed (WorkerConfigured False): installing or upgrading a component
+	// failed.
+	ReasonComponentFailed = "ComponentFailed"
 	// ReasonOutdated (WorkerConfigured False): the agent last applied an older desired
 	// state or generation than the current one; it is on its way, not failing.
 	ReasonOutdated = "OutdatedGeneration"
@@ -157,6 +167,10 @@ type WorkerClusterSpec struct {
 	// +optional
 	Cordoned bool `json:"cordoned,omitempty"`
 
+	// Components overrides, for this cluster, how the fleet's Kueue and JobSet get there.
+	// +optional
+	Components *ClusterComponents `json:"components,omitempty"`
+
 	// ExpectedGPUs are the GPUs the cluster should report once its agent is connected.
 	// +listType=map
 	// +listMapKey=product
@@ -168,6 +182,36 @@ type WorkerClusterSpec struct {
 	// +kubebuilder:validation:Pattern=`^sha256:[0-9a-f]{64}$`
 	// +optional
 	EnrollmentTokenHash string `json:"enrollmentTokenHash,omitempty"`
+}
+
+// ComponentStatus is one component on a worker, as its agent last reported it.
+type ComponentStatus struct {
+	// Name is kueue or jobset.
+	Name string `json:"name"`
+	// Version is the version the fleet asks for.
+	Version string `json:"version"`
+	// Managed: the agent installs and upgrades it.
+	// +optional
+	Managed bool `json:"managed,omitempty"`
+	// Ready: the component answers (its webhooks; for Kueue, the worker's ClusterQueues).
+	Ready bool `json:"ready"`
+	// Message says what the agent found or waits for.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// ClusterComponents is one cluster's say in how its Kueue and JobSet are run.
+type ClusterComponents struct {
+	// Managed overrides fleet.yaml's spec.components.managed for this cluster: false
+	// when the cluster's platform team runs Kueue and JobSet itself.
+	// +optional
+	Managed *bool `json:"managed,omitempty"`
+
+	// Adopt hands over to the agent a Kueue or JobSet that was installed without it (by
+	// hand, or by another Helm release): the agent takes ownership of the objects once,
+	// keeping them and their UIDs. Without it such an installation is refused.
+	// +optional
+	Adopt bool `json:"adopt,omitempty"`
 }
 
 // Enrollment records the redemption of an enrollment token and the agent credential
@@ -290,6 +334,12 @@ type WorkerClusterStatus struct {
 	// unset while the hub does not dispatch.
 	// +optional
 	Dispatch *DispatchStatus `json:"dispatch,omitempty"`
+
+	// Components are the Kueue and JobSet the agent last reported on the worker.
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Components []ComponentStatus `json:"components,omitempty"`
 
 	// Conditions are Registered, Connected, WorkerConfigured and DispatchReady.
 	// +listType=map

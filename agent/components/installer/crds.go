@@ -1,0 +1,82 @@
+package installer
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	chart "helm.sh/helm/v4/pkg/chart/v2"
+	releaseutil "helm.sh/helm/v4/pkg/release/v1/util"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/yaml"
+
+	"github.com/flotilla-gitops/flotilla/agent/components"
+)
+
+// FieldManager is the field manager of what the installer applies itself: the CRDs of a
+// chart's crds/ directory.
+const FieldManager = components.BinaryName
+
+var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// applyCRDs server-side applies the CRDs of the chart's crds/ directory (JobSet keeps
+// its CRD there), forcing conflicts: Helm installs crds/ once and never upgrades them,
+// so without this a JobSet upgrade would run a new controller against the old schema.
+// CRDs are never deleted. It returns the CRDs that changed.
+func (s *session) applyCRDs(ctx context.Context, ch *chart.Chart) ([]string, error) {
+	var changed []string
+	for _, file := range ch.CRDObjects() {
+		docs := releaseutil.SplitManifests(string(file.File.Data))
+		keys := make([]string, 0, len(docs))
+		for k := range docs {
+			keys = append(keys, k)
+		}
+		sort.Sort(releaseutil.BySplitManifestsOrder(keys))
+		for _, k := range keys {
+			u := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal([]byte(docs[k]), &u.Object); err != nil {
+				return changed, fmt.Errorf("reading %s: %w", file.Filename, err)
+			}
+			if len(u.Object) == 0 {
+				continue
+			}
+			if u.GetKind() != "CustomResourceDefinition" {
+				return changed, fmt.Errorf("%s holds a %s, not a CustomResourceDefinition", file.Filename, u.GetKind())
+			}
+			did, err := s.applyCRD(ctx, u)
+			if err != nil {
+				return changed, err
+			}
+			if did {
+				changed = append(changed, u.GetName())
+			}
+		}
+	}
+	return changed, nil
+}
+
+// applyCRD applies one CRD and reports whether the API server changed it.
+func (s *session) applyCRD(ctx context.Context, u *unstructured.Unstructured) (bool, error) {
+	anno := u.GetAnnotations()
+	if anno == nil {
+		anno = map[string]string{}
+	}
+	anno[InstalledByAnnotation] = components.BinaryName
+	u.SetAnnotations(anno)
+	crds := s.dynamic.Resource(crdResource)
+	before := ""
+	switch live, err := crds.Get(ctx, u.GetName(), metav1.GetOptions{}); {
+	case err == nil:
+		before = live.GetResourceVersion()
+	case !apierrors.IsNotFound(err):
+		return false, fmt.Errorf("reading CustomResourceDefinition %s: %w", u.GetName(), err)
+	}
+	after, err := crds.Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+	if err != nil {
+		return false, fmt.Errorf("applying CustomResourceDefinition %s: %w", u.GetName(), err)
+	}
+	return after.GetResourceVersion() != before, nil
+}
