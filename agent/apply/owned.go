@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -29,13 +28,7 @@ func (a *Applier) Owned(ctx context.Context) ([]protocol.ObjectResult, error) {
 	defer a.mu.Unlock()
 
 	kinds := pruneKinds(nil, a.extraKinds)
-	owned := make([][]metav1.PartialObjectMetadata, len(kinds))
-	errs := make([]error, len(kinds))
-	var wg sync.WaitGroup
-	for i, gvk := range kinds {
-		wg.Go(func() { owned[i], errs[i] = a.listOwned(ctx, gvk) })
-	}
-	wg.Wait()
+	owned, errs := a.listAllOwned(ctx, kinds)
 	out := []protocol.ObjectResult{}
 	for i, gvk := range kinds {
 		for _, item := range owned[i] {

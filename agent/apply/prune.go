@@ -26,16 +26,7 @@ const deleteAttempts = 3
 // Kinds the API server does not serve are skipped; a kind that cannot be listed is an
 // error, and the other kinds are still pruned.
 func (a *Applier) prune(ctx context.Context, kinds []schema.GroupVersionKind, keep map[objectKey]bool, report func(protocol.ObjectResult)) error {
-	// The lists go out together: an API server answers the first list of a custom
-	// resource only once its watch cache is ready (a second, on a fresh one), and
-	// waiting for each kind in turn would add those seconds up. Deletes keep the order.
-	owned := make([][]metav1.PartialObjectMetadata, len(kinds))
-	listErrs := make([]error, len(kinds))
-	var wg sync.WaitGroup
-	for i, gvk := range kinds {
-		wg.Go(func() { owned[i], listErrs[i] = a.listOwned(ctx, gvk) })
-	}
-	wg.Wait()
+	owned, listErrs := a.listAllOwned(ctx, kinds)
 	var errs []error
 	for i, gvk := range kinds {
 		if err := ctx.Err(); err != nil {
@@ -54,6 +45,21 @@ func (a *Applier) prune(ctx context.Context, kinds []schema.GroupVersionKind, ke
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// listAllOwned lists the objects of every kind that this identity owns, by kind. The lists
+// go out together: an API server answers the first list of a custom resource only once
+// its watch cache is ready (a second, on a fresh one), and waiting for each kind in turn
+// would add those seconds up.
+func (a *Applier) listAllOwned(ctx context.Context, kinds []schema.GroupVersionKind) ([][]metav1.PartialObjectMetadata, []error) {
+	owned := make([][]metav1.PartialObjectMetadata, len(kinds))
+	errs := make([]error, len(kinds))
+	var wg sync.WaitGroup
+	for i, gvk := range kinds {
+		wg.Go(func() { owned[i], errs[i] = a.listOwned(ctx, gvk) })
+	}
+	wg.Wait()
+	return owned, errs
 }
 
 // listOwned lists the metadata of the objects of gvk that this identity owns, sorted by

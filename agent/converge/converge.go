@@ -105,7 +105,8 @@ func (c *Converger) Apply(ctx context.Context, state protocol.DesiredState) prot
 	key := specKey(spec)
 	statuses := make([]components.Status, 0, 2)
 	if key != c.converged {
-		held := c.hold(ctx, state)
+		// Without an installer nothing will change: nothing to hold.
+		held := c.opts.Installer != nil && c.hold(ctx, state)
 		rep, err := c.install(ctx, spec)
 		if err == nil {
 			statuses = rep.Components
@@ -409,6 +410,17 @@ func holdQueue(raw json.RawMessage) json.RawMessage {
 var deployments = map[components.Component]client.ObjectKey{
 	components.Kueue:  {Namespace: components.Namespace(components.Kueue), Name: "kueue-controller-manager"},
 	components.JobSet: {Namespace: components.Namespace(components.JobSet), Name: "jobset-controller"},
+}
+
+// Deployments are the names of the components' controller Deployments that the agent
+// reads for their versions where it does not manage them: what its chart lets it read.
+func Deployments() []string {
+	var names []string
+	for _, comp := range components.All() {
+		names = append(names, deployments[comp].Name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // checkVersions reads the versions of components the cluster's team runs, from their

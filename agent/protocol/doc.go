@@ -71,8 +71,10 @@
 // on.
 //
 //	agent → hub  hello        Hello: identity, versions, the hash it last applied
-//	hub → agent  desired      DesiredState: generation, hash and every object
-//	agent → hub  applied      Applied: the hash applied, one result per object
+//	hub → agent  desired      DesiredState: generation, hash, every object, and the
+//	                          Kueue and JobSet the worker runs (components.Spec)
+//	agent → hub  applied      Applied: the hash applied, one result per object, and
+//	                          each component's state
 //	agent → hub  inventory    Inventory: GPUs per node and in total
 //	both         heartbeat    Heartbeat: liveness above the transport's pings
 //	hub → agent  rotate       RotateCredential: a new credential to store
@@ -82,7 +84,9 @@
 //
 // The hub sends the whole desired state on every (re)connect and again periodically;
 // the agent applies it whole and acknowledges the hash. There is no event stream to
-// lose messages from: a lost message is repaired by the next whole state.
+// lose messages from: a lost message is repaired by the next whole state. While a
+// component is not ready yet the agent applies and reports the same state again every
+// half minute on its own, so that the cluster turns ready without the hub's asking.
 //
 // Every write has a deadline (the hub's is 30 seconds by default): a peer that stops
 // reading is disconnected instead of holding the writer, and the hub records the

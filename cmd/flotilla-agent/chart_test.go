@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-gitops/flotilla/agent/apply"
+	"github.com/flotilla-gitops/flotilla/agent/converge"
 	"github.com/flotilla-gitops/flotilla/agent/proxy"
 )
 
@@ -125,8 +126,11 @@ func TestChartClusterRoleIsExactlyWhatTheAgentUses(t *testing.T) {
 	decodeInto(t, docs[0], &role)
 	decodeInto(t, docs[1], &binding)
 
-	// The applier's rules, plus the inventory's list of nodes: nothing else.
-	want := append(appliersRole(t).Rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list"}})
+	// The applier's rules, plus the inventory's list of nodes and the reading of a
+	// team's own Kueue and JobSet versions: nothing else.
+	want := append(appliersRole(t).Rules,
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list"}},
+		rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"get"}, ResourceNames: converge.Deployments()})
 	if got, want := grants(role.Rules), grants(want); !slices.Equal(got, want) {
 		t.Errorf("the chart's ClusterRole grants\n%v\nwant\n%v", got, want)
 	}
@@ -141,7 +145,7 @@ func TestChartClusterRoleIsExactlyWhatTheAgentUses(t *testing.T) {
 	}
 }
 
-func TestChartRoleGrantsTheCredentialSecretOnly(t *testing.T) {
+func TestChartRoleGrantsTheCredentialSecretAndTheReadinessProbeOnly(t *testing.T) {
 	docs := renderRBAC(t, "role.yaml", "flotilla-system")
 	if len(docs) != 2 {
 		t.Fatalf("role.yaml holds %d objects, want a Role and its binding", len(docs))
@@ -154,6 +158,7 @@ func TestChartRoleGrantsTheCredentialSecretOnly(t *testing.T) {
 		{"", "secrets", "create", defaultCredentialSecret},
 		{"", "secrets", "get", defaultCredentialSecret},
 		{"", "secrets", "patch", defaultCredentialSecret},
+		{"jobset.x-k8s.io", "jobsets", "create", "*"},
 	}
 	if got := grants(role.Rules); !slices.Equal(got, want) {
 		t.Errorf("the chart's Role grants %v, want %v", got, want)

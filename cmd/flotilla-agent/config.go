@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	"github.com/flotilla-gitops/flotilla/cmd/internal/workerconfig"
 )
 
 // Defaults of the settings that have one.
@@ -26,7 +27,7 @@ const (
 	defaultCredentialSecret = "flotilla-agent-credential"
 	defaultListen           = ":8080"
 	namespaceEnv            = "POD_NAMESPACE"
-	kubeconfigEnv           = "KUBECONFIG"
+	kubeconfigEnv           = workerconfig.KubeconfigEnv
 )
 
 // defaultHeartbeat is the interval of the agent's pings; the peer is declared dead after
@@ -109,56 +110,28 @@ func (s source) String() string {
 // wins over the values file, which wins over the default. Every problem found is
 // reported, not only the first; none of the messages repeats the enrollment token.
 func loadConfig(fv flagValues, changed func(flag string) bool, getenv func(string) string) (*config, error) {
-	vals := values{}
-	valuesDir := "."
-	if fv.values != "" {
-		data, err := os.ReadFile(fv.values)
-		if err != nil {
-			return nil, fmt.Errorf("reading the values file: %w", err)
-		}
-		if vals, err = parseValues(fv.values, data); err != nil {
-			return nil, err
-		}
-		valuesDir = filepath.Dir(fv.values)
+	st, err := readSettings(fv.values, changed)
+	if err != nil {
+		return nil, err
 	}
-	pick := func(flag, key, flagValue, def string) source {
-		if changed(flag) {
-			return source{value: flagValue, from: "--" + flag, dir: "."}
-		}
-		if s, ok := vals[key]; ok {
-			return source{value: s.value, from: s.where() + " (" + key + ")", dir: valuesDir}
-		}
-		return source{value: def}
-	}
-
-	var errs []error
-	fail := func(s source, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", s, fmt.Sprintf(format, args...)))
-	}
+	pick, fail := st.pick, st.fail
 	cfg := &config{Kubeconfig: fv.kubeconfig, ComponentsBinary: fv.componentsBinary}
 
 	hub := pick("hub-url", "hub.url", fv.hubURL, "")
 	if hub.value == "" {
-		errs = append(errs, errors.New("hub.url is required: the hub's wss:// address (set it in the values file or with --hub-url)"))
+		st.missing(errors.New("hub.url is required: the hub's wss:// address (set it in the values file or with --hub-url)"))
 	} else if u, err := checkHubURL(hub.value, fv.allowInsecureLoopback); err != nil {
 		fail(hub, "%v", err)
 	} else {
 		cfg.HubURL = u
 	}
 
-	id := pick("identity", "cluster.identity", fv.identity, "")
-	if id.value == "" {
-		errs = append(errs, errors.New("cluster.identity is required: the worker's identity as `flotilla cluster add` printed it (set it in the values file or with --identity)"))
-	} else if msgs := validation.IsValidLabelValue(id.value); len(msgs) > 0 {
-		fail(id, "identity %q is not a label value: %s", id.value, strings.Join(msgs, "; "))
-	} else {
-		cfg.Identity = id.value
-	}
+	cfg.Identity = st.identity(fv.identity, "cluster.identity is required: the worker's identity as `flotilla cluster add` printed it (set it in the values file or with --identity)")
 	for _, s := range []struct {
 		key string
 		out *string
 	}{{"cluster.tenant", &cfg.Tenant}, {"cluster.name", &cfg.Cluster}} {
-		v, ok := vals[s.key]
+		v, ok := st.vals[s.key]
 		if !ok {
 			continue
 		}
@@ -169,19 +142,8 @@ func loadConfig(fv flagValues, changed func(flag string) bool, getenv func(strin
 		}
 		*s.out = v.value
 	}
-
-	nsDefault := cmp.Or(getenv(namespaceEnv), defaultNamespace)
-	ns := pick("namespace", "agent.namespace", fv.namespace, nsDefault)
-	if msgs := validation.IsDNS1123Label(ns.value); len(msgs) > 0 {
-		fail(ns, "namespace %q is not a namespace name: %s", ns.value, strings.Join(msgs, "; "))
-	}
-	cfg.Namespace = ns.value
-
-	sec := pick("credential-secret", "agent.credentialSecret", fv.credentialSecret, defaultCredentialSecret)
-	if msgs := validation.IsDNS1123Subdomain(sec.value); len(msgs) > 0 {
-		fail(sec, "credential Secret name %q is not a Secret name: %s", sec.value, strings.Join(msgs, "; "))
-	}
-	cfg.CredentialSecret = sec.value
+	cfg.Namespace = st.namespace(fv.namespace, getenv)
+	cfg.CredentialSecret = st.credentialSecret(fv.credentialSecret)
 
 	if ca := pick("ca-bundle", "agent.caBundle", fv.caBundle, ""); ca.value != "" {
 		pool, err := loadCABundle(ca)
@@ -247,16 +209,88 @@ func loadConfig(fv flagValues, changed func(flag string) bool, getenv func(strin
 		cfg.ComponentsServiceAccount = sa.value
 	}
 
-	tok, err := enrollmentToken(fv, changed, vals)
+	tok, err := enrollmentToken(fv, changed, st.vals)
 	if err != nil {
-		errs = append(errs, err)
+		st.missing(err)
 	}
 	cfg.EnrollmentToken = tok
 
-	if err := errors.Join(errs...); err != nil {
+	if err := st.err(); err != nil {
 		return nil, err
 	}
 	return cfg, nil
+}
+
+// settings are the values file and the flags of one command, and every problem found in
+// them: a flag that was given wins over the values file, which wins over the default.
+type settings struct {
+	vals    values
+	dir     string
+	changed func(string) bool
+	errs    []error
+}
+
+func readSettings(valuesFile string, changed func(string) bool) (*settings, error) {
+	st := &settings{vals: values{}, dir: ".", changed: changed}
+	if valuesFile != "" {
+		data, err := os.ReadFile(valuesFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading the values file: %w", err)
+		}
+		if st.vals, err = parseValues(valuesFile, data); err != nil {
+			return nil, err
+		}
+		st.dir = filepath.Dir(valuesFile)
+	}
+	return st, nil
+}
+
+func (st *settings) pick(flag, key, flagValue, def string) source {
+	if st.changed(flag) {
+		return source{value: flagValue, from: "--" + flag, dir: "."}
+	}
+	if s, ok := st.vals[key]; ok {
+		return source{value: s.value, from: s.where() + " (" + key + ")", dir: st.dir}
+	}
+	return source{value: def}
+}
+
+func (st *settings) fail(s source, format string, args ...any) {
+	st.errs = append(st.errs, fmt.Errorf("%s: %s", s, fmt.Sprintf(format, args...)))
+}
+
+func (st *settings) missing(err error) { st.errs = append(st.errs, err) }
+
+func (st *settings) err() error { return errors.Join(st.errs...) }
+
+// identity is cluster.identity, which must be given (required says how).
+func (st *settings) identity(flagValue, required string) string {
+	id := st.pick("identity", "cluster.identity", flagValue, "")
+	if id.value == "" {
+		st.missing(errors.New(required))
+		return ""
+	}
+	if msgs := validation.IsValidLabelValue(id.value); len(msgs) > 0 {
+		st.fail(id, "identity %q is not a label value: %s", id.value, strings.Join(msgs, "; "))
+		return ""
+	}
+	return id.value
+}
+
+func (st *settings) namespace(flagValue string, getenv func(string) string) string {
+	ns := st.pick("namespace", "agent.namespace", flagValue, cmp.Or(getenv(namespaceEnv), defaultNamespace))
+	if msgs := validation.IsDNS1123Label(ns.value); len(msgs) > 0 {
+		st.fail(ns, "namespace %q is not a namespace name: %s", ns.value, strings.Join(msgs, "; "))
+	}
+	return ns.value
+}
+
+func (st *settings) credentialSecret(flagValue string) string {
+	sec := st.pick("credential-secret", "agent.credentialSecret", flagValue, defaultCredentialSecret)
+	if msgs := validation.IsDNS1123Subdomain(sec.value); len(msgs) > 0 {
+		st.fail(sec, "credential Secret name %q is not a Secret name: %s", sec.value, strings.Join(msgs, "; "))
+	}
+	return sec.value
 }
 
 // enrollmentToken reads the token from --enrollment-token-file, else from the values

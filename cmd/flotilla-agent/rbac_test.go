@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -26,7 +28,10 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	jobset "sigs.k8s.io/jobset/api/jobset/v1alpha2"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
+	"github.com/flotilla-gitops/flotilla/agent/components"
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	"github.com/flotilla-gitops/flotilla/agent/proxy"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
@@ -308,6 +313,12 @@ func TestTheAgentRunsUnderTheChartsRBAC(t *testing.T) {
 		if err := h.conn.Send(protocol.TypeDesired, &s.desired); err != nil {
 			t.Fatal(err)
 		}
+		// The agent reports the inventory first, then what it applied: listing the nodes
+		// is allowed.
+		inv := next[protocol.Inventory](t, h)
+		if len(inv.Nodes) != 1 || inv.Nodes[0].Name != gpuNode.Name || inv.Nodes[0].Capacity != 8 {
+			t.Errorf("%s: inventory %+v", s.name, inv)
+		}
 		applied := next[protocol.Applied](t, h)
 		got := map[string]protocol.Action{}
 		for _, r := range applied.Results {
@@ -324,11 +335,36 @@ func TestTheAgentRunsUnderTheChartsRBAC(t *testing.T) {
 				t.Errorf("%s: %s %s, want %s", s.name, k, got[k], want)
 			}
 		}
-		// The agent reports the inventory after every apply: listing the nodes is allowed.
-		inv := next[protocol.Inventory](t, h)
-		if len(inv.Nodes) != 1 || inv.Nodes[0].Name != gpuNode.Name || inv.Nodes[0].Capacity != 8 {
-			t.Errorf("%s: inventory %+v", s.name, inv)
+	}
+
+	// A worker whose team runs Kueue: the agent reads the version of its controller's
+	// Deployment, and of JobSet's, which is not there.
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kueue-system"}}); err != nil {
+		t.Fatal(err)
+	}
+	teams := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "kueue-system", Name: "kueue-controller-manager"},
+		Spec: appsv1.DeploymentSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "kueue"}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "kueue"}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "manager", Image: "registry.k8s.io/kueue/kueue:v0.17.0"}}}}}}
+	if err := admin.Create(ctx, teams); err != nil {
+		t.Fatal(err)
+	}
+	unmanaged := &components.Spec{Kueue: components.Release{Version: "v0.17.0"}, JobSet: components.Release{Version: "v0.11.1"}}
+	if err := h.conn.Send(protocol.TypeDesired, &protocol.DesiredState{Generation: 3, Hash: "h3", Objects: []json.RawMessage{owned(namespace), owned(flavor), owned(queue)}, Components: unmanaged}); err != nil {
+		t.Fatal(err)
+	}
+	next[protocol.Inventory](t, h)
+	applied := next[protocol.Applied](t, h)
+	for _, c := range applied.Components {
+		switch {
+		case c.Component == components.Kueue && c.Running != "v0.17.0",
+			c.Component == components.JobSet && !strings.Contains(c.Message, "not found"),
+			strings.Contains(c.Message, "forbidden"):
+			t.Errorf("a team's own %s: %+v", c.Component, c)
 		}
+	}
+	if len(applied.Components) != 2 || !applied.Complete() {
+		t.Errorf("unmanaged components: applied %+v", applied)
 	}
 
 	// A rotation patches the Secret.
@@ -377,6 +413,29 @@ func TestTheAgentRunsUnderTheChartsRBAC(t *testing.T) {
 	for _, r := range refused {
 		if err := r.call(); !apierrors.IsForbidden(err) {
 			t.Errorf("%s: %v, want Forbidden", r.name, err)
+		}
+	}
+
+	// The readiness probes of Kueue's and JobSet's webhooks: dry-run creates, allowed.
+	probeJobSet := func(namespace string) error {
+		return as.Create(ctx, &jobset.JobSet{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "probe"}, Spec: jobset.JobSetSpec{
+			ReplicatedJobs: []jobset.ReplicatedJob{{Name: "w", Replicas: 1, Template: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{
+				Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "w", Image: "w"}}}}}}}}}}, client.DryRunAll)
+	}
+	if err := as.Create(ctx, &kueue.ResourceFlavor{ObjectMeta: metav1.ObjectMeta{Name: "probe"}}, client.DryRunAll); err != nil {
+		t.Errorf("the Kueue readiness probe: %v", err)
+	}
+	if err := probeJobSet(agentNamespace); err != nil {
+		t.Errorf("the JobSet readiness probe: %v", err)
+	}
+	for name, call := range map[string]func() error{
+		"a JobSet in another namespace": func() error { return probeJobSet("team-a") },
+		"reading another Deployment": func() error {
+			return as.Get(ctx, client.ObjectKey{Namespace: "kueue-system", Name: "other"}, &appsv1.Deployment{})
+		},
+	} {
+		if err := call(); !apierrors.IsForbidden(err) {
+			t.Errorf("%s: %v, want Forbidden", name, err)
 		}
 	}
 }

@@ -102,54 +102,19 @@ func newResetCommand(getenv func(string) string) *cobra.Command {
 // flag that was given wins over the values file, which wins over the default. Every
 // problem is reported; the values file's token is never read into a message.
 func loadResetConfig(rf resetFlags, changed func(string) bool, getenv func(string) string) (*config, error) {
-	vals := values{}
-	if rf.values != "" {
-		data, err := os.ReadFile(rf.values)
-		if err != nil {
-			return nil, fmt.Errorf("reading the values file: %w", err)
-		}
-		if vals, err = parseValues(rf.values, data); err != nil {
-			return nil, err
-		}
-	}
-	pick := func(flag, key, flagValue, def string) source {
-		if changed(flag) {
-			return source{value: flagValue, from: "--" + flag}
-		}
-		if s, ok := vals[key]; ok {
-			return source{value: s.value, from: s.where() + " (" + key + ")"}
-		}
-		return source{value: def}
-	}
-	var errs []error
-	fail := func(s source, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", s, fmt.Sprintf(format, args...)))
+	st, err := readSettings(rf.values, changed)
+	if err != nil {
+		return nil, err
 	}
 	cfg := &config{Kubeconfig: rf.kubeconfig, ComponentsBinary: rf.componentsBinary}
-
-	id := pick("identity", "cluster.identity", rf.identity, "")
-	if id.value == "" {
-		errs = append(errs, errors.New("cluster.identity is required: the identity whose objects are removed (set it with --values or --identity)"))
-	} else if msgs := validation.IsValidLabelValue(id.value); len(msgs) > 0 {
-		fail(id, "identity %q is not a label value: %s", id.value, strings.Join(msgs, "; "))
-	} else {
-		cfg.Identity = id.value
-	}
+	cfg.Identity = st.identity(rf.identity, "cluster.identity is required: the identity whose objects are removed (set it with --values or --identity)")
 	// The cluster's name only completes the command printed for a new token.
-	if v, ok := vals["cluster.name"]; ok && len(validation.IsDNS1123Label(v.value)) == 0 {
+	if v, ok := st.vals["cluster.name"]; ok && len(validation.IsDNS1123Label(v.value)) == 0 {
 		cfg.Cluster = v.value
 	}
-	ns := pick("namespace", "agent.namespace", rf.namespace, cmp.Or(getenv(namespaceEnv), defaultNamespace))
-	if msgs := validation.IsDNS1123Label(ns.value); len(msgs) > 0 {
-		fail(ns, "namespace %q is not a namespace name: %s", ns.value, strings.Join(msgs, "; "))
-	}
-	cfg.Namespace = ns.value
-	sec := pick("credential-secret", "agent.credentialSecret", rf.credentialSecret, defaultCredentialSecret)
-	if msgs := validation.IsDNS1123Subdomain(sec.value); len(msgs) > 0 {
-		fail(sec, "credential Secret name %q is not a Secret name: %s", sec.value, strings.Join(msgs, "; "))
-	}
-	cfg.CredentialSecret = sec.value
-	if err := errors.Join(errs...); err != nil {
+	cfg.Namespace = st.namespace(rf.namespace, getenv)
+	cfg.CredentialSecret = st.credentialSecret(rf.credentialSecret)
+	if err := st.err(); err != nil {
 		return nil, err
 	}
 	return cfg, nil

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"time"
 
@@ -35,6 +34,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/inventory"
 	"github.com/flotilla-gitops/flotilla/agent/proxy"
 	"github.com/flotilla-gitops/flotilla/cmd/internal/version"
+	"github.com/flotilla-gitops/flotilla/cmd/internal/workerconfig"
 )
 
 // runAgent runs the agent until ctx ends. Its errors are logged, as JSON like every other
@@ -201,23 +201,11 @@ func restConfig(kubeconfig string, getenv func(string) string) (*rest.Config, er
 		}
 		return cfg, nil
 	}
-	cfg, err := rest.InClusterConfig()
-	if err == nil {
-		return cfg, nil
-	}
-	if !errors.Is(err, rest.ErrNotInCluster) {
-		return nil, fmt.Errorf("loading the in-cluster configuration: %w", err)
-	}
-	env := getenv(kubeconfigEnv)
-	if env == "" {
+	cfg, err := workerconfig.InClusterOrEnv(getenv)
+	if errors.Is(err, workerconfig.ErrNowhere) {
 		return nil, errors.New("not running in a cluster: pass --kubeconfig or set " + kubeconfigEnv)
 	}
-	rules := &clientcmd.ClientConfigLoadingRules{Precedence: filepath.SplitList(env)}
-	cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("loading $%s: %w", kubeconfigEnv, err)
-	}
-	return cfg, nil
+	return cfg, err
 }
 
 // kubernetesVersion reads the worker's version for the hello, retrying for a while: an

@@ -28,7 +28,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -40,9 +39,8 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/components"
 	"github.com/flotilla-gitops/flotilla/agent/components/installer"
 	"github.com/flotilla-gitops/flotilla/cmd/internal/version"
+	"github.com/flotilla-gitops/flotilla/cmd/internal/workerconfig"
 )
-
-const kubeconfigEnv = "KUBECONFIG"
 
 // maxRequest bounds what is read of standard input: a spec and a kubeconfig.
 const maxRequest = 1 << 20
@@ -83,7 +81,7 @@ func newRootCommand(stdin io.Reader, getenv func(string) string) *cobra.Command 
 		Long: components.BinaryName + " is run by flotilla-agent while a worker's components change. It reads a\n" +
 			"request (JSON) on standard input, writes its report (JSON) on standard output and logs\n" +
 			"(JSON lines) on standard error. The request's kubeconfig, if any, reaches the worker;\n" +
-			"else the pod's service account, else $" + kubeconfigEnv + ".",
+			"else the pod's service account, else $" + workerconfig.KubeconfigEnv + ".",
 		Version:       version.String(components.BinaryName),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -184,25 +182,9 @@ func restConfig(kubeconfig []byte, getenv func(string) string) (*rest.Config, er
 		}
 		return cfg, nil
 	}
-	cfg, err := rest.InClusterConfig()
-	if err == nil {
-		return cfg, nil
+	cfg, err := workerconfig.InClusterOrEnv(getenv)
+	if errors.Is(err, workerconfig.ErrNowhere) {
+		return nil, errors.New("the request has no kubeconfig, this is not a pod, and $" + workerconfig.KubeconfigEnv + " is not set")
 	}
-	if !errors.Is(err, rest.ErrNotInCluster) {
-		return nil, fmt.Errorf("loading the in-cluster configuration: %w", err)
-	}
-	env := getenv(kubeconfigEnv)
-	if env == "" {
-		return nil, errors.New("the request has no kubeconfig, this is not a pod, and $" + kubeconfigEnv + " is not set")
-	}
-	rules := &clientcmd.ClientConfigLoadingRules{Precedence: filepath.SplitList(env)}
-	cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	switch {
-	case err == nil:
-		return cfg, nil
-	case clientcmd.IsEmptyConfig(err) || clientcmd.IsConfigurationInvalid(err):
-		return nil, fmt.Errorf("loading $%s (%s): %w", kubeconfigEnv, env, err)
-	default:
-		return nil, fmt.Errorf("loading $%s (%s): not a readable kubeconfig", kubeconfigEnv, env)
-	}
+	return cfg, err
 }

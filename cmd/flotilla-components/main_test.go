@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -14,8 +13,6 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -28,7 +25,8 @@ import (
 var planes []*controlplane.ControlPlane
 
 func TestMain(m *testing.M) {
-	controlplane.Main(m, 1, &planes, controlplane.Options{})
+	// A fresh worker: Kueue's and JobSet's CRDs come with their charts.
+	controlplane.Main(m, 1, &planes, controlplane.Options{WithoutComponentCRDs: true})
 }
 
 // The binary as the agent runs it: a request with a token kubeconfig on standard input,
@@ -36,7 +34,6 @@ func TestMain(m *testing.M) {
 // standard error, and the token in neither.
 func TestTheBinaryInstallsWhatTheRequestAsksAndReportsOnStdout(t *testing.T) {
 	plane := planes[0]
-	withoutComponents(t, plane)
 	bin := buildBinary(t)
 	kubeconfig, err := kueuetest.TokenKubeConfig(t.Context(), plane, "components-installer")
 	if err != nil {
@@ -206,29 +203,6 @@ func statusOf(t *testing.T, rep components.Report, c components.Component) compo
 	}
 	t.Fatalf("the report has no %s: %+v", c, rep)
 	return components.Status{}
-}
-
-// withoutComponents makes plane a worker without Kueue and JobSet: the control plane
-// comes with their CRDs installed, as every other test package wants.
-func withoutComponents(t *testing.T, plane *controlplane.ControlPlane) {
-	t.Helper()
-	ctx := t.Context()
-	var list apiextensionsv1.CustomResourceDefinitionList
-	if err := plane.Client.List(ctx, &list); err != nil {
-		t.Fatal(err)
-	}
-	for _, crd := range list.Items {
-		if crd.Spec.Group != "kueue.x-k8s.io" && crd.Spec.Group != "jobset.x-k8s.io" {
-			continue
-		}
-		if err := plane.Client.Delete(ctx, &crd); err != nil && !apierrors.IsNotFound(err) {
-			t.Fatal(err)
-		}
-		poll.Until(t, "CRD "+crd.Name+" deleted", func() (bool, string) {
-			err := plane.Client.Get(ctx, client.ObjectKey{Name: crd.Name}, &apiextensionsv1.CustomResourceDefinition{})
-			return apierrors.IsNotFound(err), fmt.Sprint(err)
-		})
-	}
 }
 
 func mustJSON(t *testing.T, v any) []byte {

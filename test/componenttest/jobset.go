@@ -79,7 +79,7 @@ func startJobSet(ctx context.Context, spec *podSpec, p startParams) (*instance, 
 			return fail(fmt.Errorf("jobset's configuration %s: %w", spec.configPath, err))
 		}
 	}
-	ports, err := freePorts(3)
+	ports, err := kueuetest.FreePorts(3)
 	if err != nil {
 		return fail(err)
 	}
@@ -235,26 +235,4 @@ func jobSetBinary(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("finding the jobset binary: %w", err)
 	}
 	return filepath.Join(dir, "jobset"), nil
-}
-
-// freePorts returns n distinct ports on 127.0.0.1 that were free a moment ago.
-func freePorts(n int) ([]int, error) {
-	var (
-		ports     []int
-		listeners []net.Listener
-	)
-	defer func() {
-		for _, l := range listeners {
-			_ = l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", net.JoinHostPort(loopback, "0"))
-		if err != nil {
-			return nil, fmt.Errorf("choosing a free loopback port: %w", err)
-		}
-		listeners = append(listeners, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }

@@ -199,7 +199,7 @@ func prepare(ctx context.Context, plane *controlplane.ControlPlane, opts Options
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(4)
+	ports, err := FreePorts(4)
 	if err != nil {
 		return nil, err
 	}
@@ -477,9 +477,9 @@ func binaryPath(ctx context.Context) (string, error) {
 	return filepath.Join(dir, "kueue"), nil
 }
 
-// freePorts returns n distinct ports on 127.0.0.1 that were free a moment ago. All listeners are
+// FreePorts returns n distinct ports on 127.0.0.1 that were free a moment ago. All listeners are
 // held until every port is chosen, so that the n are distinct.
-func freePorts(n int) ([]int, error) {
+func FreePorts(n int) ([]int, error) {
 	var (
 		ports     []int
 		listeners []net.Listener
