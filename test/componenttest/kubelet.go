@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
@@ -145,7 +146,11 @@ func Start(ctx context.Context, plane *controlplane.ControlPlane, opts Options) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	cs, err := kubernetes.NewForConfig(plane.Config)
+	// A kubelet and a deployment controller make many small requests: client-go's default
+	// of 5 a second would starve the waits of a test.
+	cfg := rest.CopyConfig(plane.Config)
+	cfg.QPS, cfg.Burst = 100, 200
+	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("starting the components' kubelet on %s: %w", plane.Name, err)
 	}
@@ -527,6 +532,11 @@ func (k *Kubelet) WaitRunning(ctx context.Context, c Component) (Process, error)
 		}
 		ok, why, err := k.ready(ctx, c)
 		if err != nil {
+			if last != "" {
+				// A request cut short (by the deadline, or the client's rate limiter
+				// near it) says less than what was awaited before.
+				return false, nil
+			}
 			why = err.Error()
 		}
 		last = why
