@@ -82,12 +82,13 @@ func validateClusterComponents(s *v1alpha1.ClusterComponents, at func(path ...st
 }
 
 // Components is what the cluster's agent must make of Kueue and JobSet: the fleet's
-// versions, managed unless the fleet or the cluster says otherwise, with the integrations
-// the hub's MultiKueue watches on every worker. The fleet and the cluster must be valid.
+// versions, managed where the fleet or the cluster says so (the cluster last), with the
+// integrations the hub's MultiKueue watches on every worker. A fleet that says nothing
+// leaves the workers' Kueue as it is: upgrading flotilla never starts installing Kueue
+// on workers that have their own. The fleet and the cluster must be valid.
 func Components(f *Fleet, c *Cluster) components.Spec {
 	fs := f.Spec.Spec
 	s := components.Spec{
-		Managed:    true,
 		Kueue:      components.Release{Version: fs.KueueVersion},
 		JobSet:     components.Release{Version: fs.JobSetVersion},
 		Frameworks: proxy.DefaultFrameworks(),

@@ -67,10 +67,11 @@ type FleetSpec struct {
 
 // FleetComponents configures the Kueue and JobSet the agents install on the workers.
 type FleetComponents struct {
-	// Managed: each agent installs and upgrades Kueue and JobSet with Helm. It is on
-	// unless set to false; a cluster.yaml may say otherwise for its cluster. When off,
-	// the cluster's platform team runs them, and the agent reports a version that is not
-	// the fleet's.
+	// Managed: each agent installs and upgrades Kueue and JobSet with Helm; a cluster.yaml
+	// may say otherwise for its cluster. `flotilla fleet init` writes true. When off, or
+	// unset (fleets written before flotilla installed Kueue, whose workers keep the Kueue
+	// they have until the fleet opts in), the clusters' platform teams run them, and the
+	// agents report a version that is not the fleet's.
 	// +optional
 	Managed *bool `json:"managed,omitempty"`
 
