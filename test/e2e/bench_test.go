@@ -247,8 +247,12 @@ func simDial(url, id, cred string) (*protocol.Conn, error) {
 // BenchmarkAgentIdleRSS runs the real flotilla-agent binary against a hub and a worker,
 // lets it enroll and apply the template's cluster, and reports its resident memory
 // while idle: the figure a worker's administrator sizes the agent's Pod by.
+// rssRuns counts the runs of BenchmarkAgentIdleRSS in this process.
+var rssRuns atomic.Int64
+
 func BenchmarkAgentIdleRSS(b *testing.B) {
-	c := newCase(b, "rss")
+	// A case of its own per run: -count runs the benchmark again on the same planes.
+	c := newCase(b, fmt.Sprintf("rss-%d", rssRuns.Add(1)))
 	h := startHub(b, c, nil)
 	bin := builtBinary(b, "flotilla-agent")
 	dir := b.TempDir()
