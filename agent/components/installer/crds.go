@@ -5,12 +5,11 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/fluxcd/pkg/ssa"
 	chart "helm.sh/helm/v4/pkg/chart/v2"
 	releaseutil "helm.sh/helm/v4/pkg/release/v1/util"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-gitops/flotilla/agent/components"
@@ -20,7 +19,6 @@ import (
 // chart's crds/ directory.
 const FieldManager = components.BinaryName
 
-var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // applyCRDs server-side applies the CRDs of the chart's crds/ directory (JobSet keeps
 // its CRD there), forcing conflicts: Helm installs crds/ once and never upgrades them,
@@ -58,7 +56,8 @@ func (s *session) applyCRDs(ctx context.Context, ch *chart.Chart) ([]string, err
 	return changed, nil
 }
 
-// applyCRD applies one CRD and reports whether the API server changed it.
+// applyCRD applies one CRD with fluxcd/pkg/ssa, which writes only what a server-side
+// dry run shows would change, and reports whether it changed anything.
 func (s *session) applyCRD(ctx context.Context, u *unstructured.Unstructured) (bool, error) {
 	anno := u.GetAnnotations()
 	if anno == nil {
@@ -66,17 +65,15 @@ func (s *session) applyCRD(ctx context.Context, u *unstructured.Unstructured) (b
 	}
 	anno[InstalledByAnnotation] = components.BinaryName
 	u.SetAnnotations(anno)
-	crds := s.dynamic.Resource(crdResource)
-	before := ""
-	switch live, err := crds.Get(ctx, u.GetName(), metav1.GetOptions{}); {
-	case err == nil:
-		before = live.GetResourceVersion()
-	case !apierrors.IsNotFound(err):
-		return false, fmt.Errorf("reading CustomResourceDefinition %s: %w", u.GetName(), err)
-	}
-	after, err := crds.Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+	c, err := client.New(s.config, client.Options{Mapper: s.mapper})
 	if err != nil {
 		return false, fmt.Errorf("applying CustomResourceDefinition %s: %w", u.GetName(), err)
 	}
-	return after.GetResourceVersion() != before, nil
+	// No poller: readiness is the agent's to judge, by what the components answer.
+	manager := ssa.NewResourceManager(c, nil, ssa.Owner{Field: FieldManager, Group: "flotilla.dev"})
+	entry, err := manager.Apply(ctx, u, ssa.ApplyOptions{Force: false})
+	if err != nil {
+		return false, fmt.Errorf("applying CustomResourceDefinition %s: %w", u.GetName(), err)
+	}
+	return entry.Action != ssa.UnchangedAction, nil
 }
