@@ -19,7 +19,6 @@ import (
 // chart's crds/ directory.
 const FieldManager = components.BinaryName
 
-
 // applyCRDs server-side applies the CRDs of the chart's crds/ directory (JobSet keeps
 // its CRD there), forcing conflicts: Helm installs crds/ once and never upgrades them,
 // so without this a JobSet upgrade would run a new controller against the old schema.
