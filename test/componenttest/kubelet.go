@@ -12,6 +12,8 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	apiextensionshelpers "k8s.io/apiextensions-apiserver/pkg/apihelpers"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -359,6 +361,13 @@ func (k *Kubelet) rollOut(ctx context.Context, c Component, p *pod, spec *podSpe
 	if err := k.writeStatus(ctx, key, podCounts{updated: true, old: old != nil, hash: spec.hash, message: "starting the manager"}); err != nil {
 		return err
 	}
+	// A real pod starts seconds after its Deployment, while its image is pulled; here it
+	// would start within milliseconds of Helm's apply, before the API server serves the
+	// CRDs that came with the chart, and the manager would exit once, as a pod in a
+	// crash loop does. Waiting for them stands in for the pull.
+	if err := k.crdsServed(ctx, c); err != nil {
+		return err
+	}
 	kubeconfig, err := serviceAccountKubeConfig(ctx, k.cs, k.plane, spec.namespace, spec.serviceAccount)
 	if err != nil {
 		return err
@@ -633,4 +642,34 @@ func pidOf(in *instance) int {
 		return 0
 	}
 	return in.pid
+}
+
+// crdsServed waits until every CRD of c's API group is established.
+func (k *Kubelet) crdsServed(ctx context.Context, c Component) error {
+	group := map[Component]string{Kueue: "kueue.x-k8s.io", JobSet: "jobset.x-k8s.io"}[c]
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, k.opts.StartTimeout, true, func(ctx context.Context) (bool, error) {
+		list := &apiextensionsv1.CustomResourceDefinitionList{}
+		if err := k.plane.Client.List(ctx, list); err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		found := false
+		for _, crd := range list.Items {
+			if crd.Spec.Group != group {
+				continue
+			}
+			found = true
+			if !apiextensionshelpers.IsCRDConditionTrue(&crd, apiextensionsv1.Established) {
+				last = "CRD " + crd.Name + " is not established"
+				return false, nil
+			}
+		}
+		last = "no CRD of " + group
+		return found, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the CRDs of %s: %w (last: %s)", c, err, last)
+	}
+	return nil
 }
