@@ -126,6 +126,14 @@ func TestALostRedemptionAnswerIsRecoverableByTheSameAgentOnly(t *testing.T) {
 		}
 	})
 	t.Run("the key is spent once the agent has connected", func(t *testing.T) {
+		// The hub checks a credential against its cache of Secrets, which learns of the
+		// fresh one a moment after it is stored; an agent refused meanwhile dials again.
+		tok, _ := secrets.ParseToken(cred)
+		eventually(t, "the hub's cache holds the fresh credential", func() (bool, string) {
+			var sec corev1.Secret
+			err := k.cache.Get(t.Context(), client.ObjectKey{Namespace: c.ns, Name: tunnel.CredentialSecretName(c.name)}, &sec)
+			return err == nil && string(sec.Data["hash"]) == tok.Hash().String(), fmt.Sprint(err)
+		})
 		h.connect(t, request{identity: c.identity, kind: protocol.AuthCredential, secret: cred}, true)
 		eventually(t, "the redemption key forgotten", func() (bool, string) {
 			var sec corev1.Secret
