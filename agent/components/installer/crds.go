@@ -25,6 +25,12 @@ const FieldManager = components.BinaryName
 // CRDs are never deleted. It returns the CRDs that changed.
 func (s *session) applyCRDs(ctx context.Context, ch *chart.Chart) ([]string, error) {
 	var changed []string
+	c, err := client.New(s.config, client.Options{Mapper: s.mapper})
+	if err != nil {
+		return nil, fmt.Errorf("applying the CRDs of chart %s: %w", ch.Name(), err)
+	}
+	// No poller: readiness is the agent's to judge, by what the components answer.
+	manager := ssa.NewResourceManager(c, nil, ssa.Owner{Field: FieldManager, Group: "flotilla.dev"})
 	for _, file := range ch.CRDObjects() {
 		docs := releaseutil.SplitManifests(string(file.File.Data))
 		keys := make([]string, 0, len(docs))
@@ -43,7 +49,7 @@ func (s *session) applyCRDs(ctx context.Context, ch *chart.Chart) ([]string, err
 			if u.GetKind() != "CustomResourceDefinition" {
 				return changed, fmt.Errorf("%s holds a %s, not a CustomResourceDefinition", file.Filename, u.GetKind())
 			}
-			did, err := s.applyCRD(ctx, u)
+			did, err := applyCRD(ctx, manager, u)
 			if err != nil {
 				return changed, err
 			}
@@ -57,20 +63,14 @@ func (s *session) applyCRDs(ctx context.Context, ch *chart.Chart) ([]string, err
 
 // applyCRD applies one CRD with fluxcd/pkg/ssa, which writes only what a server-side
 // dry run shows would change, and reports whether it changed anything.
-func (s *session) applyCRD(ctx context.Context, u *unstructured.Unstructured) (bool, error) {
+func applyCRD(ctx context.Context, manager *ssa.ResourceManager, u *unstructured.Unstructured) (bool, error) {
 	anno := u.GetAnnotations()
 	if anno == nil {
 		anno = map[string]string{}
 	}
 	anno[InstalledByAnnotation] = components.BinaryName
 	u.SetAnnotations(anno)
-	c, err := client.New(s.config, client.Options{Mapper: s.mapper})
-	if err != nil {
-		return false, fmt.Errorf("applying CustomResourceDefinition %s: %w", u.GetName(), err)
-	}
-	// No poller: readiness is the agent's to judge, by what the components answer.
-	manager := ssa.NewResourceManager(c, nil, ssa.Owner{Field: FieldManager, Group: "flotilla.dev"})
-	entry, err := manager.Apply(ctx, u, ssa.ApplyOptions{Force: false})
+	entry, err := manager.Apply(ctx, u, ssa.ApplyOptions{})
 	if err != nil {
 		return false, fmt.Errorf("applying CustomResourceDefinition %s: %w", u.GetName(), err)
 	}
