@@ -72,6 +72,11 @@ type Config struct {
 		Enabled   bool   `yaml:"enabled"`
 		Namespace string `yaml:"namespace"`
 		Name      string `yaml:"name"`
+		// PodName and PodNamespace are this replica's Pod, from the environment
+		// (POD_NAME, POD_NAMESPACE: the downward API), which the leader labels so that
+		// the Services of the tunnel, the proxy and the webhooks reach it.
+		PodName      string `yaml:"-"`
+		PodNamespace string `yaml:"-"`
 	} `yaml:"leaderElection"`
 	// Plans bound what the pull requests' plans may cost: anyone who can open a pull
 	// request makes the hub fetch, validate and render its head.

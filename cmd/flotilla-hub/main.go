@@ -42,6 +42,7 @@ func newCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			cfg.LeaderElection.PodName, cfg.LeaderElection.PodNamespace = os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
 			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
 			return run(cmd.Context(), cfg, log)
 		},

@@ -17,12 +17,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
@@ -38,6 +35,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/hub"
+	"github.com/flotilla-gitops/flotilla/reconciler/leader"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
@@ -139,11 +137,15 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			mux.Handle("POST /webhooks/"+sc.Name, m.webhooks(sc.Name, wh))
 		}
 	}
-	var leading atomic.Bool
+	// Ready means healthy, leading or not: a rolling update must get its new replica ready
+	// while the old one still holds the Lease, and a drain must be able to evict either.
+	// The leader's traffic follows the Lease through the leader label instead (package
+	// leader).
+	var ready atomic.Bool
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !leading.Load() {
-			http.Error(w, "not leading: another replica serves the fleet", http.StatusServiceUnavailable)
+		if !ready.Load() {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, "ok\n")
@@ -159,9 +161,14 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	go func() { httpErr <- httpSrv.ListenAndServe() }()
 	defer httpSrv.Close()
 
+	var elector *leader.Elector
+	if le := cfg.LeaderElection; le.Enabled {
+		elector, err = leader.New(leader.Options{Config: rc, Namespace: le.Namespace, Name: le.Name, Pod: le.PodName, PodNamespace: le.PodNamespace, Log: log})
+		if err != nil {
+			return err
+		}
+	}
 	lead := func(ctx context.Context) error {
-		leading.Store(true)
-		defer leading.Store(false)
 		tmux := http.NewServeMux()
 		tmux.Handle(protocol.Path, tun)
 		// The upgrade request is bounded like any other; the tunnel it becomes must stay
@@ -189,6 +196,12 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			go func() { dispErr <- disp.serve(ctx, rc, scheme, log) }()
 		}
 		log.Info("serving", "tunnel", l.Addr().String(), "http", cfg.Listen.HTTP, "sources", len(sources))
+		if elector != nil {
+			if err := elector.Serving(ctx); err != nil {
+				_ = ts.Close()
+				return err
+			}
+		}
 		for _, s := range sources {
 			go s.Run(ctx)
 		}
@@ -207,52 +220,11 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		tun.Close()
 		return nil
 	}
-	if !cfg.LeaderElection.Enabled {
+	ready.Store(true)
+	if elector == nil {
 		return lead(ctx)
 	}
-	return leaderElect(ctx, rc, cfg, log, lead)
-}
-
-// leaderElect runs lead while this replica holds the Lease; a second replica waits
-// instead of writing beside the first.
-func leaderElect(ctx context.Context, rc *rest.Config, cfg *Config, log *slog.Logger, lead func(context.Context) error) error {
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return err
-	}
-	host, _ := os.Hostname()
-	id := fmt.Sprintf("%s_%d", host, os.Getpid())
-	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, cfg.LeaderElection.Namespace, cfg.LeaderElection.Name, cs.CoreV1(), cs.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: id})
-	if err != nil {
-		return err
-	}
-	var leadErr error
-	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
-		Lock: lock, ReleaseOnCancel: true,
-		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) {
-				log.Info("leading", "lease", cfg.LeaderElection.Namespace+"/"+cfg.LeaderElection.Name, "identity", id)
-				leadErr = lead(ctx)
-			},
-			OnStoppedLeading: func() { log.Info("stopped leading") },
-			OnNewLeader: func(leader string) {
-				if leader != id {
-					log.Info("another replica leads; waiting", "leader", leader)
-				}
-			},
-		},
-	})
-	switch {
-	case ctx.Err() != nil:
-		return nil // asked to stop
-	case leadErr != nil && !errors.Is(leadErr, context.Canceled):
-		return leadErr
-	default:
-		// The lease was lost while this replica led: exit non-zero so that the
-		// supervisor restarts it as a follower instead of leaving it idle.
-		return errors.New("lost the leader election lease")
-	}
+	return elector.Run(ctx, lead)
 }
 
 func loadIdentities(files []string) (*secrets.Identities, error) {

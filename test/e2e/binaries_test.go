@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -278,22 +279,27 @@ sources:
 		}
 	})
 
-	t.Run("a second replica waits for the lease instead of serving", func(t *testing.T) {
+	t.Run("a second replica is ready but leaves the tunnel to the leader", func(t *testing.T) {
 		second := filepath.Join(dir, "hub2.yaml")
-		otherHTTP := freeAddr(t)
+		otherHTTP, otherTunnel := freeAddr(t), freeAddr(t)
 		data, err := os.ReadFile(config)
 		if err != nil {
 			t.Fatal(err)
 		}
-		text := strings.Replace(strings.Replace(string(data), httpAddr, otherHTTP, 1), "tunnel: "+tunnelAddr, "tunnel: "+freeAddr(t), 1)
+		text := strings.Replace(strings.Replace(string(data), httpAddr, otherHTTP, 1), "tunnel: "+tunnelAddr, "tunnel: "+otherTunnel, 1)
 		if err := os.WriteFile(second, []byte(text), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		replica := startProcess(t, "flotilla-hub", "--config", second)
-		eventually(t, "the replica answers, not leading", func() (bool, string) {
+		// Ready, so that a rolling update proceeds while the first replica holds the Lease.
+		eventually(t, "the replica ready while following", func() (bool, string) {
 			body, code := get(t, "http://"+otherHTTP+"/readyz")
-			return code == http.StatusServiceUnavailable && strings.Contains(body, "not leading"), fmt.Sprint(code, body)
+			return code == http.StatusOK && strings.Contains(replica.log.String(), "another replica leads; waiting"), fmt.Sprint(code, body)
 		})
+		if c, err := net.DialTimeout("tcp", otherTunnel, time.Second); err == nil {
+			_ = c.Close()
+			t.Fatal("the following replica accepts tunnel connections")
+		}
 		replica.stop(syscall.SIGTERM)
 	})
 
