@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -39,6 +40,10 @@ type Options struct {
 	OwnerLabel string
 	// PruneKinds are kinds to prune besides PruneKinds() and the desired state's own.
 	PruneKinds []schema.GroupVersionKind
+	// PruneNamespaces confines the lists of pruning to one namespace per kind: the hub
+	// keeps its Secrets in Kueue's namespace, and listing Secrets in every namespace
+	// would need the right to read all of them.
+	PruneNamespaces map[schema.GroupKind]string
 	// FieldManager names the agent in managedFields; empty means DefaultFieldManager.
 	FieldManager string
 	// Log receives one line per object that applying changed, refused or failed; nil
@@ -54,6 +59,7 @@ type Applier struct {
 	identity   string
 	ownerLabel string
 	extraKinds []schema.GroupVersionKind
+	pruneIn    map[schema.GroupKind]string
 	log        *slog.Logger
 
 	mu sync.Mutex
@@ -89,6 +95,7 @@ func New(opts Options) (*Applier, error) {
 		identity:   opts.Identity,
 		ownerLabel: opts.OwnerLabel,
 		extraKinds: slices.Clone(opts.PruneKinds),
+		pruneIn:    maps.Clone(opts.PruneNamespaces),
 		log:        log.With("identity", opts.Identity),
 	}, nil
 }

@@ -73,7 +73,11 @@ func (a *Applier) listOwned(ctx context.Context, gvk schema.GroupVersionKind) ([
 	}
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
-	err := a.client.List(ctx, list, client.MatchingLabels(a.ownerLabels()))
+	opts := []client.ListOption{client.MatchingLabels(a.ownerLabels())}
+	if ns, ok := a.pruneIn[gvk.GroupKind()]; ok {
+		opts = append(opts, client.InNamespace(ns))
+	}
+	err := a.client.List(ctx, list, opts...)
 	switch {
 	case meta.IsNoMatchError(err), apierrors.IsNotFound(err):
 		// The CRD went away after the RESTMapper saw it.

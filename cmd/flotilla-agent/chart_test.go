@@ -2,13 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
@@ -16,14 +17,16 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/apply"
 	"github.com/flotilla-gitops/flotilla/agent/converge"
 	"github.com/flotilla-gitops/flotilla/agent/proxy"
+	"github.com/flotilla-gitops/flotilla/test/helmtest"
 )
 
-// The chart cannot be rendered here (no helm), so these tests read its files as text. The
-// RBAC templates are kept to the few template expressions renderRBAC knows; one it does
-// not know fails the tests rather than being guessed at.
+// The chart is rendered with Helm's engine (test/helmtest), as `helm install
+// flotilla-agent --namespace flotilla-system -f values.NAME.local.yaml` would render it.
 
 const chartDir = "../../charts/flotilla-agent"
 
+// readChart reads a file of the chart that is data, not a template: values.yaml or the
+// schema.
 func readChart(t *testing.T, name string) string {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(chartDir, name))
@@ -33,36 +36,26 @@ func readChart(t *testing.T, name string) string {
 	return string(data)
 }
 
-var templateComment = regexp.MustCompile(`(?s)\{\{- /\*.*?\*/ -\}\}\n?`)
+// handoverValues are what `flotilla cluster add` writes for the worker's administrator.
+func handoverValues() map[string]any {
+	return map[string]any{
+		"hub":     map[string]any{"url": "wss://hub.example.com"},
+		"cluster": map[string]any{"tenant": "acme", "name": "gpu-a", "identity": agentIdentity},
+	}
+}
 
-// dispatchGuard is how templates/dispatch.yaml begins and ends: all of it is under
-// dispatch.enabled.
-var dispatchGuard = regexp.MustCompile(`(?s)^\{\{- if \.Values\.dispatch\.enabled \}\}\n(.*)\n\{\{- end \}\}\n$`)
-
-// renderRBAC renders an RBAC template of the chart for a release named flotilla-agent in
-// namespace with the chart's default values, and decodes its documents.
+// renderRBAC renders the chart for a release named flotilla-agent in namespace with the
+// chart's default values and the handover, and returns the objects of one template,
+// in the order Helm installs them.
 func renderRBAC(t *testing.T, name, namespace string) []map[string]any {
 	t.Helper()
-	text := templateComment.ReplaceAllString(readChart(t, filepath.Join("templates", name)), "")
-	if m := dispatchGuard.FindStringSubmatch(text); m != nil {
-		text = m[1] // dispatch.enabled defaults to true
-	}
-	text = strings.NewReplacer(
-		`{{- include "flotilla-agent.labels" . | nindent 4 }}`, `app.kubernetes.io/name: flotilla-agent`,
-		`{{ include "flotilla-agent.fullname" . }}`, "flotilla-agent",
-		`{{ .Release.Namespace }}`, namespace,
-		`{{ .Values.agent.credentialSecret | quote }}`, `"`+defaultCredentialSecret+`"`,
-	).Replace(text)
-	if i := strings.Index(text, "{{"); i >= 0 {
-		t.Fatalf("templates/%s: a template expression the test does not know: %.60s", name, text[i:])
-	}
+	objs := helmtest.MustRender(t, chartDir, helmtest.Options{Release: "flotilla-agent", Namespace: namespace, Values: handoverValues()})
 	var docs []map[string]any
-	for _, doc := range strings.Split(text, "\n---\n") {
-		var m map[string]any
-		if err := yaml.UnmarshalStrict([]byte(doc), &m); err != nil {
-			t.Fatalf("templates/%s: %v", name, err)
-		}
-		docs = append(docs, m)
+	for _, u := range objs.FromTemplate(name) {
+		docs = append(docs, u.Object)
+	}
+	if len(docs) == 0 {
+		t.Fatalf("templates/%s renders nothing", name)
 	}
 	return docs
 }
@@ -258,31 +251,59 @@ func TestChartSchemaRequiresTheHandover(t *testing.T) {
 }
 
 func TestChartDeploymentIsLockedDown(t *testing.T) {
-	deployment := readChart(t, "templates/deployment.yaml")
-	for _, want := range []string{
-		"replicas: 1",
-		"type: Recreate",
-		"runAsNonRoot: true",
-		"readOnlyRootFilesystem: true",
-		"allowPrivilegeEscalation: false",
-		"drop: [ALL]",
-		"path: /healthz",
-		"path: /readyz",
-		"fieldPath: metadata.namespace",
-		"name: " + namespaceEnv,
-		"--values=/etc/flotilla-agent/values.yaml",
-		"--enrollment-token-file=/var/run/secrets/flotilla-agent/enrollment/token",
-		"defaultMode: 256", // 0400
-	} {
-		if !strings.Contains(deployment, want) {
-			t.Errorf("templates/deployment.yaml lacks %q", want)
+	vals := handoverValues()
+	vals["enrollment"] = map[string]any{"token": "stand-in-token"}
+	objs := helmtest.MustRender(t, chartDir, helmtest.Options{Release: "flotilla-agent", Namespace: agentNamespace, Values: vals})
+	dep := helmtest.Typed[appsv1.Deployment](t, objs.Find("Deployment", "flotilla-agent"))
+	if *dep.Spec.Replicas != 1 || dep.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("replicas %d, strategy %s; want one agent, never two at once", *dep.Spec.Replicas, dep.Spec.Strategy.Type)
+	}
+	spec := dep.Spec.Template.Spec
+	c := spec.Containers[0]
+	psc, sc := spec.SecurityContext, c.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("security context %+v / %+v, want non-root, read-only root, no escalation, no capabilities", psc, sc)
+	}
+	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("probes %+v / %+v", c.LivenessProbe, c.ReadinessProbe)
+	}
+	var fromNamespace bool
+	for _, e := range c.Env {
+		fromNamespace = fromNamespace || (e.Name == namespaceEnv && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace")
+	}
+	if !fromNamespace {
+		t.Errorf("env %+v lacks %s from the Pod's namespace", c.Env, namespaceEnv)
+	}
+	if want := []string{"--values=/etc/flotilla-agent/values.yaml", "--enrollment-token-file=/var/run/secrets/flotilla-agent/enrollment/token"}; !slices.Equal(c.Args, want) {
+		t.Errorf("args %v, want %v", c.Args, want)
+	}
+	for _, v := range spec.Volumes {
+		if v.Name == "enrollment" && (v.Secret == nil || v.Secret.SecretName != "flotilla-agent-enrollment" || v.Secret.DefaultMode == nil || *v.Secret.DefaultMode != 0o400) {
+			t.Errorf("the enrollment volume is %+v, want Secret flotilla-agent-enrollment at mode 0400", v.VolumeSource)
 		}
 	}
-	if c := readChart(t, "templates/configmap.yaml"); strings.Contains(c, ".Values.enrollment") || !strings.Contains(c, `dict "hub" .Values.hub "cluster" .Values.cluster "agent" .Values.agent "dispatch" .Values.dispatch`) {
-		t.Errorf("templates/configmap.yaml must render hub, cluster, agent and dispatch, and never the enrollment token:\n%s", c)
+	// The token is in the Secret, under key token, and nowhere else.
+	sec := helmtest.Typed[corev1.Secret](t, objs.Find("Secret", "flotilla-agent-enrollment"))
+	if string(sec.Data["token"]) != "stand-in-token" {
+		t.Errorf("the enrollment Secret holds %v", slices.Collect(maps.Keys(sec.Data)))
 	}
-	if s := readChart(t, "templates/secret.yaml"); !strings.Contains(s, "token: {{ .Values.enrollment.token | b64enc | quote }}") {
-		t.Errorf("templates/secret.yaml does not hold the token under key token:\n%s", s)
+	for _, o := range objs {
+		if o.GetKind() == "Secret" {
+			continue
+		}
+		text, err := o.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(text), "stand-in-token") {
+			t.Errorf("%s %s from %s holds the enrollment token", o.GetKind(), o.GetName(), o.Template)
+		}
+	}
+	// Redeemed, the token leaves the release: no Secret, no volume, no flag.
+	objs = helmtest.MustRender(t, chartDir, helmtest.Options{Release: "flotilla-agent", Namespace: agentNamespace, Values: handoverValues()})
+	if len(objs.OfKind("Secret")) > 0 || len(helmtest.Typed[appsv1.Deployment](t, objs.Find("Deployment", "flotilla-agent")).Spec.Template.Spec.Containers[0].Args) != 1 {
+		t.Errorf("without a token the chart still renders an enrollment Secret or flag")
 	}
 }
 
@@ -297,10 +318,6 @@ type dispatchObjects struct {
 
 func renderDispatch(t *testing.T, namespace string) dispatchObjects {
 	t.Helper()
-	text := templateComment.ReplaceAllString(readChart(t, "templates/dispatch.yaml"), "")
-	if !dispatchGuard.MatchString(text) {
-		t.Fatalf("templates/dispatch.yaml is not all under dispatch.enabled:\n%s", text)
-	}
 	docs := renderRBAC(t, "dispatch.yaml", namespace)
 	if len(docs) != 5 {
 		t.Fatalf("dispatch.yaml holds %d objects, want a ServiceAccount, a ClusterRole, a Role and their bindings", len(docs))
@@ -318,6 +335,11 @@ func renderDispatch(t *testing.T, namespace string) dispatchObjects {
 // must grant exactly those, so that neither refuses what the other lets through.
 func TestChartDispatchRoleIsExactlyTheProxysAllowlist(t *testing.T) {
 	o := renderDispatch(t, "flotilla-system")
+	off := handoverValues()
+	off["dispatch"] = map[string]any{"enabled": false}
+	if objs := helmtest.MustRender(t, chartDir, helmtest.Options{Release: "flotilla-agent", Namespace: agentNamespace, Values: off}).FromTemplate("dispatch.yaml"); len(objs) > 0 {
+		t.Errorf("with dispatch.enabled false, dispatch.yaml still renders %d objects", len(objs))
+	}
 	want := proxy.PolicyRules(proxy.Allowlist(proxy.DefaultIntegrations()))
 	if got, want := grants(o.role.Rules), grants(want); !slices.Equal(got, want) {
 		t.Errorf("the chart's dispatch ClusterRole grants\n%v\nthe proxy's allowlist is\n%v", got, want)

@@ -6,19 +6,13 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
+	"path"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"helm.sh/helm/v4/pkg/chart/common"
-	chartutil "helm.sh/helm/v4/pkg/chart/common/util"
-	"helm.sh/helm/v4/pkg/chart/v2/loader"
-	"helm.sh/helm/v4/pkg/engine"
-	releaseutil "helm.sh/helm/v4/pkg/release/v1/util"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -35,11 +29,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-gitops/flotilla/agent/components"
 	"github.com/flotilla-gitops/flotilla/agent/components/installer"
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
+	"github.com/flotilla-gitops/flotilla/test/helmtest"
 )
 
 // componentsUser is the identity the chart creates for the agent's installer.
@@ -54,64 +48,13 @@ type chartObjects map[string][]*unstructured.Unstructured
 // in `helm template`.
 func renderChartWithHelm(t *testing.T, cfg *rest.Config, set map[string]any) chartObjects {
 	t.Helper()
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals := map[string]any{
-		"hub":     map[string]any{"url": "wss://hub.example.com"},
-		"cluster": map[string]any{"tenant": "acme", "name": "gpu-a", "identity": agentIdentity},
-	}
+	vals := handoverValues()
 	for k, v := range set {
 		vals[k] = v
 	}
-	top, err := chartutil.ToRenderValues(ch, vals, common.ReleaseOptions{Name: "flotilla-agent", Namespace: agentNamespace, IsInstall: true}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var files map[string]string
-	if cfg != nil {
-		files, err = engine.RenderWithClient(ch, top, cfg)
-	} else {
-		files, err = engine.Render(ch, top)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := chartObjects{}
-	for file, text := range files {
-		if !strings.HasSuffix(file, ".yaml") {
-			continue
-		}
-		docs := releaseutil.SplitManifests(text)
-		keys := make([]string, 0, len(docs))
-		for k := range docs {
-			keys = append(keys, k)
-		}
-		sort.Sort(releaseutil.BySplitManifestsOrder(keys))
-		for _, k := range keys {
-			u := &unstructured.Unstructured{}
-			if err := yaml.Unmarshal([]byte(docs[k]), &u.Object); err != nil {
-				t.Fatalf("%s: %v", file, err)
-			}
-			if len(u.Object) > 0 {
-				out[filepath.Base(file)] = append(out[filepath.Base(file)], u)
-			}
-		}
-	}
-	return out
-}
-
-// typed converts a rendered object into its type, strictly.
-func typed[T any](t *testing.T, u *unstructured.Unstructured) *T {
-	t.Helper()
-	out := new(T)
-	data, err := u.MarshalJSON()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.UnmarshalStrict(data, out); err != nil {
-		t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
+	for _, o := range helmtest.MustRender(t, chartDir, helmtest.Options{Release: "flotilla-agent", Namespace: agentNamespace, Values: vals, Config: cfg}) {
+		out[path.Base(o.Template)] = append(out[path.Base(o.Template)], o.Unstructured)
 	}
 	return out
 }
@@ -148,7 +91,7 @@ func TestChartComponentsRolesAreExactlyTheInstallersDocument(t *testing.T) {
 	if len(accounts) != 1 {
 		t.Fatalf("components.yaml has %d ServiceAccounts, want flotilla-components alone", len(accounts))
 	}
-	if sa := typed[corev1.ServiceAccount](t, accounts[0]); sa.Name != "flotilla-components" || sa.Namespace != agentNamespace ||
+	if sa := helmtest.Typed[corev1.ServiceAccount](t, accounts[0]); sa.Name != "flotilla-components" || sa.Namespace != agentNamespace ||
 		sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
 		t.Errorf("the installer's ServiceAccount is %s/%s, automount %v; want %s/flotilla-components, never mounted", sa.Namespace, sa.Name, sa.AutomountServiceAccountToken, agentNamespace)
 	}
@@ -157,7 +100,7 @@ func TestChartComponentsRolesAreExactlyTheInstallersDocument(t *testing.T) {
 	if len(clusterRoles) != 1 {
 		t.Fatalf("components.yaml has %d ClusterRoles, want 1", len(clusterRoles))
 	}
-	clusterRole := typed[rbacv1.ClusterRole](t, clusterRoles[0])
+	clusterRole := helmtest.Typed[rbacv1.ClusterRole](t, clusterRoles[0])
 	if got, want := grants(clusterRole.Rules), grants(doc.ClusterRole.Rules); !slices.Equal(got, want) {
 		t.Errorf("the chart's ClusterRole %s grants\n%v\nRBAC.md documents\n%v", clusterRole.Name, got, want)
 	}
@@ -165,7 +108,7 @@ func TestChartComponentsRolesAreExactlyTheInstallersDocument(t *testing.T) {
 	if len(bindings) != 1 {
 		t.Fatalf("components.yaml has %d ClusterRoleBindings, want 1", len(bindings))
 	}
-	if b := typed[rbacv1.ClusterRoleBinding](t, bindings[0]); b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != clusterRole.Name || !slices.Equal(b.Subjects, subject) {
+	if b := helmtest.Typed[rbacv1.ClusterRoleBinding](t, bindings[0]); b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != clusterRole.Name || !slices.Equal(b.Subjects, subject) {
 		t.Errorf("the ClusterRoleBinding binds %+v to %+v", b.RoleRef, b.Subjects)
 	}
 
@@ -173,7 +116,7 @@ func TestChartComponentsRolesAreExactlyTheInstallersDocument(t *testing.T) {
 	// impersonation Role in the release's namespace.
 	roles := map[string]*rbacv1.Role{}
 	for _, u := range ofKind(objs, "Role") {
-		r := typed[rbacv1.Role](t, u)
+		r := helmtest.Typed[rbacv1.Role](t, u)
 		if _, dup := roles[r.Namespace]; dup {
 			t.Errorf("two Roles in namespace %s", r.Namespace)
 		}
@@ -181,7 +124,7 @@ func TestChartComponentsRolesAreExactlyTheInstallersDocument(t *testing.T) {
 	}
 	roleBindings := map[string]*rbacv1.RoleBinding{}
 	for _, u := range ofKind(objs, "RoleBinding") {
-		b := typed[rbacv1.RoleBinding](t, u)
+		b := helmtest.Typed[rbacv1.RoleBinding](t, u)
 		roleBindings[b.Namespace] = b
 	}
 	for _, want := range doc.Roles {
@@ -263,7 +206,7 @@ func TestChartComponentsInstallDecidesTheInstallersIdentity(t *testing.T) {
 			if len(cms) != 1 {
 				t.Fatalf("configmap.yaml renders %d objects", len(cms))
 			}
-			cm := typed[corev1.ConfigMap](t, cms[0])
+			cm := helmtest.Typed[corev1.ConfigMap](t, cms[0])
 			cfg, _, stderr, code := invoke(t, nil, "--values", writeFile(t, t.TempDir(), "values.yaml", cm.Data["values.yaml"]))
 			if code != 0 {
 				t.Fatalf("the agent refuses the ConfigMap's settings:\n%s\n%s", cm.Data["values.yaml"], stderr)
@@ -282,7 +225,7 @@ func TestChartMemoryFitsTheAgentAndItsInstaller(t *testing.T) {
 	if len(deps) != 1 {
 		t.Fatalf("deployment.yaml renders %d objects", len(deps))
 	}
-	c := typed[appsv1.Deployment](t, deps[0]).Spec.Template.Spec.Containers[0]
+	c := helmtest.Typed[appsv1.Deployment](t, deps[0]).Spec.Template.Spec.Containers[0]
 	limit := c.Resources.Limits[corev1.ResourceMemory]
 	// The installer's measured peak during a fresh install, beside the idle agent.
 	if need := resource.MustParse("212Mi"); limit.Cmp(need) < 0 {
@@ -597,7 +540,7 @@ func TestTheInstallerRunsUnderExactlyTheChartsRBAC(t *testing.T) {
 	}
 
 	rec := &recorder{calls: map[call]bool{}}
-	inst := installerAsTheAgentMakesIt(t, plane, typed[corev1.ConfigMap](t, rendered["configmap.yaml"][0]).Data["values.yaml"], rec)
+	inst := installerAsTheAgentMakesIt(t, plane, helmtest.Typed[corev1.ConfigMap](t, rendered["configmap.yaml"][0]).Data["values.yaml"], rec)
 	spec := componentsSpec()
 
 	step("a fresh worker gets both components", func(t *testing.T) {
@@ -659,7 +602,7 @@ func TestTheInstallerRunsUnderExactlyTheChartsRBAC(t *testing.T) {
 	// the rule back. JobSet goes first, and fails; Kueue is not attempted. (An upgrade
 	// that leaves a role as it is would not show escalate or bind missing: the API
 	// server checks them only when a role or binding is created or changes.)
-	clusterRoleName := typed[rbacv1.ClusterRole](t, ofKind(rendered["components.yaml"], "ClusterRole")[0]).Name
+	clusterRoleName := helmtest.Typed[rbacv1.ClusterRole](t, ofKind(rendered["components.yaml"], "ClusterRole")[0]).Name
 	cases := []struct {
 		name string
 		// namespace is where the Role holding the rule is; "" for the ClusterRole.

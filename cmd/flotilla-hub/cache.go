@@ -25,15 +25,22 @@ const cacheSyncTimeout = 2 * time.Minute
 // with the worker's identity), with WorkerClusters indexed by identity
 // (tunnel.IndexIdentities), and returns once it holds them. The tunnel
 // authenticates agents from it and /metrics counts clusters from it: neither a refused
-// agent nor a scrape costs the hub cluster's API a request.
-func startCache(ctx context.Context, rc *rest.Config, scheme *runtime.Scheme) (cache.Cache, error) {
+// agent nor a scrape costs the hub cluster's API a request. It watches only the
+// namespaces given, the sources', so that the hub needs no right to list the Secrets of
+// any other namespace: RBAC cannot bound a list by label.
+func startCache(ctx context.Context, rc *rest.Config, scheme *runtime.Scheme, namespaces []string) (cache.Cache, error) {
 	managed := labels.SelectorFromSet(labels.Set{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue})
 	hasIdentity, err := labels.NewRequirement(v1alpha1.WorkerClusterLabel, selection.Exists, nil)
 	if err != nil {
 		return nil, err
 	}
+	watched := map[string]cache.Config{}
+	for _, ns := range namespaces {
+		watched[ns] = cache.Config{}
+	}
 	c, err := cache.New(rc, cache.Options{
-		Scheme: scheme,
+		Scheme:            scheme,
+		DefaultNamespaces: watched,
 		ByObject: map[client.Object]cache.ByObject{
 			&v1alpha1.WorkerCluster{}: {Label: managed},
 			&corev1.Secret{}:          {Label: labels.NewSelector().Add(*hasIdentity)},

@@ -59,9 +59,15 @@ func TestClustersAreCountedFromTheCacheWithoutARequestPerScrape(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	elsewhere := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "not-a-source"}}
+	if err := admin.Create(ctx, elsewhere); err != nil {
+		t.Fatal(err)
+	}
 	for _, sec := range []*corev1.Secret{
 		{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "gpu-a-agent-credential", Labels: map[string]string{v1alpha1.WorkerClusterLabel: "13-metrics-gpu-a"}}},
 		{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "someone-elses"}},
+		// Labelled like the tunnel's, in a namespace no source writes.
+		{ObjectMeta: metav1.ObjectMeta{Namespace: elsewhere.Name, Name: "gpu-z-agent-credential", Labels: map[string]string{v1alpha1.WorkerClusterLabel: "13-metrics-gpu-z"}}},
 	} {
 		if err := admin.Create(ctx, sec); err != nil {
 			t.Fatal(err)
@@ -85,7 +91,7 @@ func TestClustersAreCountedFromTheCacheWithoutARequestPerScrape(t *testing.T) {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cached, err := startCache(cctx, cfg, scheme)
+	cached, err := startCache(cctx, cfg, scheme, []string{ns.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,6 +102,9 @@ func TestClustersAreCountedFromTheCacheWithoutARequestPerScrape(t *testing.T) {
 		}
 		if err := cached.Get(ctx, client.ObjectKey{Namespace: ns.Name, Name: "someone-elses"}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
 			t.Fatalf("a Secret of someone else's = %v, want it not in the cache", err)
+		}
+		if err := cached.Get(ctx, client.ObjectKey{Namespace: elsewhere.Name, Name: "gpu-z-agent-credential"}, &corev1.Secret{}); err == nil {
+			t.Fatal("a Secret outside the sources' namespaces is in the cache: the hub would need to read every namespace's Secrets")
 		}
 		if err := cached.Get(ctx, client.ObjectKey{Name: "default"}, &corev1.Namespace{}); err == nil {
 			t.Fatal("the cache reads what it was not set up for instead of refusing")

@@ -78,7 +78,11 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 	// The tunnel authenticates agents, and /metrics counts clusters, from this cache:
 	// neither a refused agent nor a scrape costs the hub cluster's API a request.
-	cached, err := startCache(ctx, rc, scheme)
+	var namespaces []string
+	for _, s := range cfg.Sources {
+		namespaces = append(namespaces, s.Namespace)
+	}
+	cached, err := startCache(ctx, rc, scheme, namespaces)
 	if err != nil {
 		return fmt.Errorf("the hub cluster: %w", err)
 	}

@@ -197,6 +197,8 @@ func (d *Dispatcher) applier(tenant string) (ap *apply.Applier, first bool, err 
 			kueue.GroupVersion.WithKind("MultiKueueConfig"),
 			kueue.GroupVersion.WithKind("MultiKueueCluster"),
 		},
+		// The only Secrets the hub owns are the kubeconfigs in Kueue's namespace.
+		PruneNamespaces: map[schema.GroupKind]string{{Kind: "Secret"}: d.opts.KueueNamespace},
 		Log: d.opts.Log.With("tenant", tenant)})
 	if err != nil {
 		return nil, false, err
