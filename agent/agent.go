@@ -1,7 +1,9 @@
 // Package agent is flotilla's agent in a worker cluster: it dials the hub, redeems its
-// enrollment token once for a credential it keeps in a Secret of its own namespace,
-// applies every desired state the hub sends, and reports what it applied and which GPUs
-// the cluster has. Until it holds a credential it keeps a redemption key in the same
+// enrollment token once for a credential it keeps in a Secret of its own namespace
+// (with the credential's expiry, and replaced whenever the hub rotates it), applies
+// every desired state the hub sends, and reports what it applied and which GPUs the
+// cluster has. Refused with a credential past its expiry, it says so in its log, and
+// that the cluster needs a new enrollment token. Until it holds a credential it keeps a redemption key in the same
 // Secret and sends it with the token, so that a redemption whose answer was lost on
 // the way can be repeated (see agent/protocol). It listens on nothing but health and
 // metrics: the tunnel is outbound, so a worker behind NAT with only outbound HTTPS is
@@ -29,6 +31,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +42,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -56,6 +60,11 @@ const CredentialKey = "credential"
 // sends with its enrollment token until it holds a credential; it is dropped when the
 // credential is stored.
 const RedemptionKeyKey = "redemptionKey"
+
+// ExpiresAtKey is the key, in the same Secret, of when the hub stops accepting the
+// credential (RFC 3339), so that the agent can say why it is refused without the hub
+// telling it. A credential from a hub before credential lifetimes has none.
+const ExpiresAtKey = "expiresAt"
 
 // FieldManager is the agent's field manager, for its own Secret as for what it applies.
 const FieldManager = v1alpha1.AgentFieldManager
@@ -107,6 +116,9 @@ type Options struct {
 	AgentVersion      string
 	KubernetesVersion string
 	Log               *slog.Logger
+	// Now is the agent's clock, which judges its credential's expiry. Defaults to
+	// time.Now.
+	Now func() time.Time
 }
 
 // Agent is one agent. Run it once.
@@ -115,6 +127,7 @@ type Agent struct {
 
 	mu         sync.Mutex
 	credential protocol.Secret // also in the Secret; kept here should storing it fail
+	expires    time.Time       // the credential's expiry; zero when the hub sent none
 	applied    string          // hash last applied
 	latest     string          // hash of the latest desired state received
 	// redemption is the redemption key of the enrollment attempts under way: drawn
@@ -162,6 +175,9 @@ func New(opts Options) (*Agent, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	return &Agent{opts: opts, streamLog: rate.Sometimes{First: 10, Interval: 10 * time.Second}}, nil
 }
 
@@ -201,7 +217,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // connectOnce authenticates with the stored credential, falling back to the
 // enrollment token, and serves the tunnel until it ends.
 func (a *Agent) connectOnce(ctx context.Context) error {
-	cred, key, err := a.stored(ctx)
+	cred, key, expires, err := a.stored(ctx)
 	if err != nil {
 		return err
 	}
@@ -209,6 +225,13 @@ func (a *Agent) connectOnce(ctx context.Context) error {
 	var version int
 	if cred != "" {
 		ws, version, err = a.dial(ctx, protocol.AuthCredential, cred, "")
+		if errors.Is(err, errRefused) && !expires.IsZero() && !a.opts.Now().Before(expires) {
+			// The hub says only "unauthorized"; the agent knows why. The credential is
+			// still presented every time: a clock of the agent's ahead of the hub's must
+			// not lock it out before the hub does.
+			a.opts.Log.Error(fmt.Sprintf("the agent credential expired at %s and the hub no longer accepts it: the cluster needs a new enrollment token; run `flotilla cluster rotate-token %s` in the fleet repository, merge it, and install the agent with the new values file",
+				expires.UTC().Format(time.RFC3339), workerName(a.opts.Identity)), "credential", fingerprint(cred), "expiredAt", expires.UTC().Format(time.RFC3339))
+		}
 		if errors.Is(err, errRefused) && a.opts.EnrollmentToken != "" {
 			a.opts.Log.Warn("the hub refused the stored credential; trying the enrollment token")
 		} else if err != nil {
@@ -251,7 +274,7 @@ func (a *Agent) redemptionKey(ctx context.Context, stored, cred protocol.Secret)
 	a.redemption = key
 	a.mu.Unlock()
 	if key != stored {
-		if err := a.store(ctx, cred, key); err != nil {
+		if err := a.store(ctx, cred, key, time.Time{}); err != nil {
 			// Kept in memory: a lost answer can still be recovered by this process.
 			a.opts.Log.Error("storing the redemption key", "error", err)
 		}
@@ -300,16 +323,18 @@ func (a *Agent) dial(ctx context.Context, kind string, secret, redemptionKey pro
 			_ = ws.Close()
 			return nil, 0, errors.New("the hub admitted the enrollment but issued no credential")
 		}
+		// A hub before credential lifetimes sends no expiry: the credential has none.
+		expires, _ := time.Parse(time.RFC3339, resp.Header.Get(protocol.HeaderCredentialExpires))
 		a.mu.Lock()
-		a.credential = issued
+		a.credential, a.expires = issued, expires
 		a.redemption = ""
 		a.mu.Unlock()
-		if err := a.storeCredential(ctx, issued); err != nil {
+		if err := a.storeCredential(ctx, issued, expires); err != nil {
 			// Kept in memory for this process; storing is retried at every rotation
 			// and reconnect.
 			a.opts.Log.Error("storing the agent credential", "error", err)
 		}
-		a.opts.Log.Info("enrolled: the enrollment token is redeemed and the credential stored", "credential", fingerprint(issued))
+		a.opts.Log.Info("enrolled: the enrollment token is redeemed and the credential stored", "credential", fingerprint(issued), "expiresAt", stampOrNone(expires))
 	}
 	return ws, version, nil
 }
@@ -463,12 +488,14 @@ func (a *Agent) handle(ctx context.Context, conn *protocol.Conn, body any) error
 		a.mu.Unlock()
 		return a.applyDesired(ctx, conn, m)
 	case *protocol.RotateCredential:
-		if err := a.storeCredential(ctx, m.Credential); err != nil {
-			// Not confirmed: the hub keeps accepting the old credential.
+		if err := a.storeCredential(ctx, m.Credential, m.ExpiresAt); err != nil {
+			// Not confirmed: the hub keeps accepting the old credential, and sends the
+			// new one again.
 			a.opts.Log.Error("storing the rotated credential", "error", err)
 			return nil
 		}
-		a.setCredential(m.Credential)
+		a.setCredential(m.Credential, m.ExpiresAt)
+		a.opts.Log.Info("stored the rotated credential", "credential", fingerprint(m.Credential), "expiresAt", stampOrNone(m.ExpiresAt))
 		return conn.Send(protocol.TypeCredentialStored, &protocol.CredentialStored{Fingerprint: fingerprint(m.Credential)})
 	case *protocol.Heartbeat:
 	case *protocol.Error:
@@ -551,50 +578,76 @@ func fingerprint(s protocol.Secret) string {
 	return hex.EncodeToString(sum[:6])
 }
 
-func (a *Agent) setCredential(s protocol.Secret) {
+func (a *Agent) setCredential(s protocol.Secret, expires time.Time) {
 	a.mu.Lock()
-	a.credential = s
+	a.credential, a.expires = s, expires
 	a.mu.Unlock()
 }
 
+// stampOrNone is an expiry for the log: RFC 3339, or "none" from a hub that sent none.
+func stampOrNone(t time.Time) string {
+	if t.IsZero() {
+		return "none"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// workerName is the cluster's name in the fleet repository, read from its identity
+// (<length of the tenant>-<tenant>-<worker>), for what to tell the operator; NAME when
+// the identity was shortened with a hash and the name cannot be read back.
+func workerName(identity string) string {
+	n, rest, ok := strings.Cut(identity, "-")
+	tenant, err := strconv.Atoi(n)
+	if !ok || err != nil || tenant < 1 || len(rest) < tenant+2 || rest[tenant] != '-' || len(identity) >= validation.LabelValueMaxLength {
+		return "NAME"
+	}
+	return rest[tenant+1:]
+}
+
 // stored is the credential in the Secret, or the one in memory when the Secret could
-// not be written, and the redemption key in the Secret.
-func (a *Agent) stored(ctx context.Context) (cred, key protocol.Secret, err error) {
+// not be written, with its expiry, and the redemption key in the Secret.
+func (a *Agent) stored(ctx context.Context) (cred, key protocol.Secret, expires time.Time, err error) {
 	var sec corev1.Secret
 	err = a.opts.Client.Get(ctx, a.opts.CredentialSecret, &sec)
 	a.mu.Lock()
-	mem := a.credential
+	mem, memExpires := a.credential, a.expires
 	a.mu.Unlock()
 	switch {
 	case apierrors.IsNotFound(err):
 		if mem != "" {
-			_ = a.storeCredential(ctx, mem)
+			_ = a.storeCredential(ctx, mem, memExpires)
 		}
-		return mem, "", nil
+		return mem, "", memExpires, nil
 	case err != nil:
 		if mem != "" {
-			return mem, "", nil
+			return mem, "", memExpires, nil
 		}
-		return "", "", fmt.Errorf("reading the credential Secret %s: %w", a.opts.CredentialSecret, err)
+		return "", "", time.Time{}, fmt.Errorf("reading the credential Secret %s: %w", a.opts.CredentialSecret, err)
 	}
 	key = protocol.Secret(sec.Data[RedemptionKeyKey])
 	if stored := protocol.Secret(sec.Data[CredentialKey]); stored != "" {
-		return stored, key, nil
+		// An expiry that does not parse is one not known.
+		expires, _ = time.Parse(time.RFC3339, string(sec.Data[ExpiresAtKey]))
+		return stored, key, expires, nil
 	}
-	return mem, key, nil
+	return mem, key, memExpires, nil
 }
 
-// storeCredential stores the credential alone: a redemption key stored before is
-// dropped with it.
-func (a *Agent) storeCredential(ctx context.Context, s protocol.Secret) error {
-	return a.store(ctx, s, "")
+// storeCredential stores the credential alone, with its expiry: a redemption key stored
+// before is dropped with it.
+func (a *Agent) storeCredential(ctx context.Context, s protocol.Secret, expires time.Time) error {
+	return a.store(ctx, s, "", expires)
 }
 
-// store makes the Secret hold the credential and the redemption key, those not empty.
-func (a *Agent) store(ctx context.Context, cred, key protocol.Secret) error {
+// store makes the Secret hold the credential, its expiry and the redemption key, those
+// not empty.
+func (a *Agent) store(ctx context.Context, cred, key protocol.Secret, expires time.Time) error {
 	data := map[string][]byte{}
 	if cred != "" {
 		data[CredentialKey] = []byte(cred.Reveal())
+		if !expires.IsZero() {
+			data[ExpiresAtKey] = []byte(expires.UTC().Format(time.RFC3339))
+		}
 	}
 	if key != "" {
 		data[RedemptionKeyKey] = []byte(key.Reveal())

@@ -38,6 +38,7 @@ func TestMessagesRoundTrip(t *testing.T) {
 		{protocol.TypeApplied, &protocol.Applied{Generation: 3, Hash: "sha256:cd", Results: []protocol.ObjectResult{{Kind: "ClusterQueue", Name: "cq", Action: protocol.ActionRefused, Message: "refuse to adopt"}}}},
 		{protocol.TypeInventory, &protocol.Inventory{Totals: []protocol.ProductTotal{{Product: "NVIDIA-H100-80GB-HBM3", GPUs: 64, Nodes: 8}}}},
 		{protocol.TypeRotateCredential, &protocol.RotateCredential{Credential: "flt1_secret"}},
+		{protocol.TypeRotateCredential, &protocol.RotateCredential{Credential: "flt1_secret", ExpiresAt: time.Date(2027, 3, 4, 9, 30, 0, 0, time.UTC)}},
 		{protocol.TypeError, &protocol.Error{Code: protocol.CodeUnknownType, Message: "x"}},
 	}
 	go func() {
@@ -268,4 +269,46 @@ func (x *rw) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	return x.w.Write(p)
+}
+
+// A hub's rotation carries the new credential's expiry; an agent from before lifetimes
+// reads the same message and finds only what it knows, and a hub from before them sends
+// a rotation without one, which reads as no expiry.
+func TestRotationExpiryIsReadByOlderAndNewerPeers(t *testing.T) {
+	expires := time.Date(2027, 3, 4, 9, 30, 0, 0, time.UTC)
+	data, err := json.Marshal(protocol.RotateCredential{Credential: "flt1_secret", ExpiresAt: expires})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"expiresAt":"2027-03-04T09:30:00Z"`) {
+		t.Fatalf("the rotation's wire form %s lacks the expiry in RFC 3339", data)
+	}
+	// What an agent before lifetimes decodes a rotation into.
+	var older struct {
+		Credential protocol.Secret `json:"credential"`
+	}
+	if err := json.Unmarshal(data, &older); err != nil || older.Credential != "flt1_secret" {
+		t.Fatalf("an older agent reads %+v (%v), want the credential alone", older, err)
+	}
+	old, _ := json.Marshal(older)
+	if strings.Contains(string(old), "expiresAt") {
+		t.Fatalf("a rotation without an expiry is sent as %s", old)
+	}
+	rotation := func(body []byte) []byte {
+		env, _ := json.Marshal(protocol.Envelope{Version: 1, Type: protocol.TypeRotateCredential, Body: body})
+		return frame(env)
+	}
+	var in bytes.Buffer
+	in.Write(rotation(old))
+	in.Write(rotation(data))
+	c := protocol.NewConn(&rw{r: &in, w: io.Discard})
+	for _, want := range []time.Time{{}, expires} {
+		_, body, err := c.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := body.(*protocol.RotateCredential).ExpiresAt; !got.Equal(want) {
+			t.Fatalf("the rotation reads with expiry %s, want %s", got, want)
+		}
+	}
 }

@@ -13,7 +13,8 @@
 //
 // The first contact presents the one-shot enrollment token from the fleet repository;
 // the hub answers the upgrade with the agent's own credential in the header
-// Flotilla-Credential, and from then on the agent presents that credential. Tokens and
+// Flotilla-Credential, and when it expires in Flotilla-Credential-Expires (RFC 3339),
+// and from then on the agent presents that credential. Tokens and
 // credentials have one shape (flt1_, 64 characters, with a checksum) and the identity
 // is a label value: the hub refuses anything of another shape before it looks anything
 // up. A refused secret gets 401 with no detail. A protocol version the hub does not
@@ -48,6 +49,21 @@
 // cluster redeemed beyond the cluster's removal. Such a cluster needs a new token
 // (flotilla cluster rotate-token).
 //
+// # Credential lifetimes
+//
+// Every credential has a lifetime (fleet.yaml's credentialLifetime, or a cluster.yaml's;
+// 90 days by default). The hub rotates it over the live tunnel long before it ends:
+// daily, or at half its lifetime when that is sooner, counted from its issue. It sends
+// RotateCredential with the new credential and its expiry, accepts both the old and the
+// new one until the agent answers CredentialStored, and sends the same new credential
+// again while no answer comes. The agent stores the expiry beside the credential. A
+// credential past its expiry is refused like any other (401, no detail); the agent,
+// knowing the expiry itself, says in its log that its credential expired and that the
+// cluster needs a new enrollment token (flotilla cluster rotate-token). An agent of a
+// hub that recorded no expiries holds none: the hub counts its credential's lifetime
+// from when it first sees the agent after the upgrade, so nothing expires at once.
+// Older agents ignore the expiry, which they never read, and keep working.
+//
 // # Streams
 //
 // The WebSocket carries binary messages only; their payloads form one byte stream that
@@ -77,7 +93,7 @@
 //	                          each component's state
 //	agent → hub  inventory    Inventory: GPUs per node and in total
 //	both         heartbeat    Heartbeat: liveness above the transport's pings
-//	hub → agent  rotate       RotateCredential: a new credential to store
+//	hub → agent  rotate       RotateCredential: a new credential to store, and its expiry
 //	agent → hub  rotated      CredentialStored: the new credential is stored; the old
 //	                          one may be forgotten
 //	both         error        Error: what the peer sent that the receiver refused

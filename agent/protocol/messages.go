@@ -46,6 +46,9 @@ const (
 	HeaderAuth       = "Flotilla-Auth"
 	HeaderProtocol   = "Flotilla-Protocol"
 	HeaderCredential = "Flotilla-Credential"
+	// HeaderCredentialExpires comes with HeaderCredential: when the hub stops accepting
+	// the credential, in RFC 3339. A hub before credential lifetimes sends none.
+	HeaderCredentialExpires = "Flotilla-Credential-Expires"
 	// HeaderRedemptionKey carries, with an enrollment token, a random value the agent
 	// drew for its redemption and keeps until it holds a credential: presenting the
 	// same token with the same key again shortly after is answered with a fresh
@@ -222,9 +225,12 @@ type Heartbeat struct {
 
 // RotateCredential hands the agent a new credential. The hub accepts the old one until
 // the agent answers CredentialStored, so a rotation interrupted by a disconnect never
-// locks the agent out.
+// locks the agent out. The hub may send the same credential again while it waits.
 type RotateCredential struct {
 	Credential Secret `json:"credential"`
+	// ExpiresAt is when the hub stops accepting the new credential; zero (left out) from
+	// a hub before credential lifetimes.
+	ExpiresAt time.Time `json:"expiresAt,omitzero"`
 }
 
 // CredentialStored confirms that the agent stored the new credential.

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/duration"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
@@ -65,15 +66,36 @@ func newClusterListCommand(hub *hubFlags) *cobra.Command {
 
 func printClusterTable(out io.Writer, items []v1alpha1.WorkerCluster, now time.Time) error {
 	tw := newTable(out)
-	fmt.Fprintln(tw, "NAME\tREGION\tPRESET\tCORDONED\tREGISTERED\tCONNECTED\tCONFIGURED\tREADY\tGPUS\tLAST SEEN")
+	fmt.Fprintln(tw, "NAME\tREGION\tPRESET\tCORDONED\tREGISTERED\tCONNECTED\tCONFIGURED\tREADY\tGPUS\tLAST SEEN\tCREDENTIAL EXPIRES")
 	for i := range items {
 		wc := &items[i]
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\t%s\t%s\n", wc.Name, wc.Spec.Region, wc.Spec.Preset, wc.Spec.Cordoned,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", wc.Name, wc.Spec.Region, wc.Spec.Preset, wc.Spec.Cordoned,
 			conditionStatus(wc, v1alpha1.ConditionRegistered), conditionStatus(wc, v1alpha1.ConditionConnected),
 			conditionStatus(wc, v1alpha1.ConditionWorkerConfigured), conditionStatus(wc, v1alpha1.ConditionReady),
-			gpuCounts(wc.Status.GPUs), lastSeen(wc, now))
+			gpuCounts(wc.Status.GPUs), lastSeen(wc, now), credentialExpires(wc, now))
 	}
 	return tw.Flush()
+}
+
+// credentialExpires is how long the agent's credential has left, for the table: "in
+// 87d", "expired 2d ago", <none> before an enrollment, <unknown> for a credential of a
+// hub that recorded no lifetimes.
+func credentialExpires(wc *v1alpha1.WorkerCluster, now time.Time) string {
+	switch c := wc.Status.Credential; {
+	case c != nil:
+		return untilOrSince(c.ExpiresAt.Time, now)
+	case wc.Status.Enrollment != nil:
+		return "<unknown>"
+	}
+	return "<none>"
+}
+
+// untilOrSince is "in 87d" for a time ahead, "expired 2d ago" for one past.
+func untilOrSince(t, now time.Time) string {
+	if d := t.Sub(now); d > 0 {
+		return "in " + duration.HumanDuration(d)
+	}
+	return "expired " + since(t, now) + " ago"
 }
 
 // conditionStatus is True, False or Unknown; an absent condition is Unknown, as the API
@@ -130,7 +152,29 @@ func newClusterStatusCommand(hub *hubFlags) *cobra.Command {
 // conditionOrder is the order a new cluster reaches its conditions in; others follow.
 var conditionOrder = []string{
 	v1alpha1.ConditionRegistered, v1alpha1.ConditionConnected, v1alpha1.ConditionWorkerConfigured,
-	v1alpha1.ConditionReady, v1alpha1.ConditionDispatchReady,
+	v1alpha1.ConditionReady, v1alpha1.ConditionDispatchReady, v1alpha1.ConditionCredentialCurrent,
+}
+
+// credentialRows describes the lifetime of the agent's credential: when it expires,
+// when the hub last rotated it, and a rotation the agent has not confirmed.
+func credentialRows(row func(key, format string, args ...any), c *v1alpha1.CredentialStatus, now time.Time) {
+	if c == nil {
+		row("  Expires", "<not recorded>: the credential was issued before the hub recorded lifetimes; its lifetime starts when its agent next connects")
+		return
+	}
+	expires := fmt.Sprintf("%s (%s)", c.ExpiresAt.UTC().Format(time.RFC3339), untilOrSince(c.ExpiresAt.Time, now))
+	if c.LifetimeAssumed {
+		expires += fmt.Sprintf("; issued before the hub recorded lifetimes, its lifetime counts from %s", c.IssuedAt.UTC().Format(time.RFC3339))
+	}
+	row("  Expires", "%s", expires)
+	if c.RotatedAt != nil {
+		row("  Last rotated", "%s", timeAndAge(*c.RotatedAt, now))
+	} else {
+		row("  Last rotated", "not yet")
+	}
+	if p := c.RotationPendingSince; p != nil {
+		row("  Rotation", "unconfirmed since %s: the agent has not confirmed storing the new credential (see its log)", timeAndAge(*p, now))
+	}
 }
 
 func printClusterStatus(out io.Writer, wc *v1alpha1.WorkerCluster, now time.Time) error {
@@ -202,6 +246,7 @@ func printClusterStatus(out io.Writer, wc *v1alpha1.WorkerCluster, now time.Time
 		if e.CredentialIssuedAt != nil {
 			row("  Credential issued", "%s", timeAndAge(*e.CredentialIssuedAt, now))
 		}
+		credentialRows(row, st.Credential, now)
 	} else {
 		row("  Redeemed", "not yet: no agent has presented the enrollment token")
 	}

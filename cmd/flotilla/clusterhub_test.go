@@ -15,11 +15,11 @@ import (
 func TestClusterListShowsTheNamespaceOfTheContext(t *testing.T) {
 	fx := newHubFixture(t)
 	acmeRows := [][]string{
-		{"gpu-east", "us-east1", "gke-dws", "false", "True", "True", "True", "True", "16× NVIDIA-H100-80GB-HBM3", "2d"},
-		{"gpu-west", "us-west1", "gpu", "true", "False", "Unknown", "Unknown", "Unknown", "<none>", "<never>"},
+		{"gpu-east", "us-east1", "gke-dws", "false", "True", "True", "True", "True", "16× NVIDIA-H100-80GB-HBM3", "2d", "in 88d"},
+		{"gpu-west", "us-west1", "gpu", "true", "False", "Unknown", "Unknown", "Unknown", "<none>", "<never>", "<none>"},
 	}
 	betaRows := [][]string{
-		{"tpu-lab", "europe-west4", "gke-dws", "false", "Unknown", "Unknown", "Unknown", "Unknown", "<none>", "<never>"},
+		{"tpu-lab", "europe-west4", "gke-dws", "false", "Unknown", "Unknown", "Unknown", "Unknown", "<none>", "<never>", "<none>"},
 	}
 	tests := []struct {
 		name string
@@ -48,7 +48,7 @@ func TestClusterListShowsTheNamespaceOfTheContext(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q", code, errOut)
 			}
 			header, rows := tableRows(t, out)
-			wantHeader := []string{"NAME", "REGION", "PRESET", "CORDONED", "REGISTERED", "CONNECTED", "CONFIGURED", "READY", "GPUS", "LAST SEEN"}
+			wantHeader := []string{"NAME", "REGION", "PRESET", "CORDONED", "REGISTERED", "CONNECTED", "CONFIGURED", "READY", "GPUS", "LAST SEEN", "CREDENTIAL EXPIRES"}
 			if strings.Join(header, "|") != strings.Join(wantHeader, "|") {
 				t.Fatalf("header %q, want %q", header, wantHeader)
 			}
@@ -91,7 +91,7 @@ func TestClusterListForMachines(t *testing.T) {
 			if east.Name != "gpu-east" || west.Name != "gpu-west" || east.Kind != "WorkerCluster" {
 				t.Errorf("items %s (%s), %s; want gpu-east, gpu-west sorted, with their kind", east.Name, east.Kind, west.Name)
 			}
-			if east.Status.UnavailableGPUNodes != 1 || len(east.Status.Conditions) != 5 || len(east.ManagedFields) != 0 {
+			if east.Status.UnavailableGPUNodes != 1 || len(east.Status.Conditions) != 6 || len(east.ManagedFields) != 0 {
 				t.Errorf("gpu-east has %d unavailable nodes, %d conditions and %d managed fields", east.Status.UnavailableGPUNodes, len(east.Status.Conditions), len(east.ManagedFields))
 			}
 			if format == "json" && !json.Valid([]byte(out)) {
@@ -120,6 +120,10 @@ func TestClusterStatusDescribesOneCluster(t *testing.T) {
 		regexp.MustCompile(`(?m)^  Token in Git: +fingerprint ` + fp + `$`),
 		regexp.MustCompile(`(?m)^  Redeemed: +\d{4}-\d\d-\d\dT\S+Z \(3d ago\), token fingerprint ` + fp + `$`),
 		regexp.MustCompile(`(?m)^  Credential: +fingerprint ` + fx.credentialFP + `$`),
+		// The credential's lifetime: its end, its last rotation and one unconfirmed.
+		regexp.MustCompile(`(?m)^  Expires: +\d{4}-\d\d-\d\dT\S+Z \(in 88d\)$`),
+		regexp.MustCompile(`(?m)^  Last rotated: +\d{4}-\d\d-\d\dT\S+Z \(36h ago\)$`),
+		regexp.MustCompile(`(?m)^  Rotation: +unconfirmed since \S+Z \(120m ago\): the agent has not confirmed storing the new credential \(see its log\)$`),
 		regexp.MustCompile(`(?m)^Agent: +v0\.4\.0$`),
 		regexp.MustCompile(`(?m)^Kubernetes: +v1\.37\.2$`),
 		regexp.MustCompile(`(?m)^Last seen: +\S+ \(2d ago\)$`),
@@ -133,7 +137,8 @@ func TestClusterStatusDescribesOneCluster(t *testing.T) {
 			`  Connected +True +Connected +3d +tunnel up\n` +
 			`  WorkerConfigured +True +Applied +3d +applied 7 objects\n` +
 			`  Ready +True +Ready +3d +ready · 16× H100 80GB on 2 nodes\n` +
-			`  DispatchReady +Unknown +MultiKueueNotConfigured +3d +the hub has no MultiKueue member for this cluster yet\n$`),
+			`  DispatchReady +Unknown +MultiKueueNotConfigured +3d +the hub has no MultiKueue member for this cluster yet\n` +
+			`  CredentialCurrent +True +Fresh +3d +expires at a time\n$`),
 	}
 	for _, re := range want {
 		if !re.MatchString(out) {

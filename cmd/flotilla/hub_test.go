@@ -30,6 +30,11 @@ type hubFixture struct {
 const (
 	redeemedAgo = 3 * 24 * time.Hour
 	seenAgo     = 2 * 24 * time.Hour
+	// The agent's credential was rotated a day and a half ago, for 90 days, and a rotation has
+	// waited for the agent's confirmation for two hours.
+	rotatedAgo         = 36 * time.Hour
+	pendingAgo         = 2 * time.Hour
+	credentialLifetime = 90 * 24 * time.Hour
 )
 
 func newHubFixture(t *testing.T) hubFixture {
@@ -78,12 +83,15 @@ func newHubFixture(t *testing.T) hubFixture {
 				ObservedGeneration: 1, DesiredHash: hash, AppliedHash: hash,
 				Enrollment: &v1alpha1.Enrollment{TokenHash: tok.Hash().String(), RedeemedAt: at(redeemedAgo),
 					CredentialFingerprint: fx.credentialFP, CredentialIssuedAt: &issued},
+				Credential: &v1alpha1.CredentialStatus{IssuedAt: at(rotatedAgo), ExpiresAt: at(rotatedAgo - credentialLifetime),
+					RotatedAt: ptrTo(at(rotatedAgo)), RotationPendingSince: ptrTo(at(pendingAgo))},
 				LastSeen:            ptrTo(at(seenAgo)),
 				Agent:               &v1alpha1.AgentInfo{Version: "v0.4.0", KubernetesVersion: "v1.37.2"},
 				GPUs:                []v1alpha1.GPUTotal{{Product: "NVIDIA-H100-80GB-HBM3", Count: 16, Nodes: 2}},
 				UnavailableGPUNodes: 1,
 				Conditions: []metav1.Condition{
 					// Stored out of order: status prints them in the order a cluster reaches them.
+					cond(v1alpha1.ConditionCredentialCurrent, metav1.ConditionTrue, "Fresh", "expires at a time"),
 					cond(v1alpha1.ConditionDispatchReady, metav1.ConditionUnknown, "MultiKueueNotConfigured", "the hub has no MultiKueue member for this cluster yet"),
 					cond(v1alpha1.ConditionReady, metav1.ConditionTrue, "Ready", "ready · 16× H100 80GB on 2 nodes"),
 					cond(v1alpha1.ConditionWorkerConfigured, metav1.ConditionTrue, "Applied", "applied 7 objects"),

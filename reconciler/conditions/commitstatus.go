@@ -9,11 +9,27 @@ import (
 )
 
 // CommitStatus is what the cluster's context says on its source commit: failure when
-// its directory does not validate or the worker refused or failed the desired state;
-// success when the cluster is as Git declares it: Ready and, where the hub dispatches,
-// dispatchable, or cordoned with its worker holding; pending otherwise, saying what
-// it waits for.
+// its directory does not validate, the worker refused or failed the desired state, or
+// the agent's credential expired; success when the cluster is as Git declares it:
+// Ready and, where the hub dispatches, dispatchable, or cordoned with its worker
+// holding; pending otherwise, saying what it waits for.
+//
+// A credential in the last third of its lifetime (CredentialCurrent False, its
+// rotations failing) leads the description, whatever the state: a cluster that still
+// takes work stays green, since failing it would mark a commit that broke nothing and
+// count a working cluster as down in the fleet's summary, but the warning is the first
+// thing anyone reading the commit sees, weeks before the agent is locked out. Once the
+// credential expired the status fails: only a new enrollment token brings the agent
+// back.
 func CommitStatus(context string, wc *v1alpha1.WorkerCluster) commitstatus.Status {
+	st := commitStatus(context, wc)
+	if w := credentialWarning(wc); w != "" {
+		st.Description = w + " · " + st.Description
+	}
+	return st
+}
+
+func commitStatus(context string, wc *v1alpha1.WorkerCluster) commitstatus.Status {
 	st := commitstatus.Status{Context: context}
 	ready := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionReady)
 	configured := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionWorkerConfigured)
@@ -23,6 +39,8 @@ func CommitStatus(context string, wc *v1alpha1.WorkerCluster) commitstatus.Statu
 	switch {
 	case wc.Annotations[v1alpha1.InvalidAnnotation] != "":
 		st.State, st.Description = commitstatus.Failure, wc.Annotations[v1alpha1.InvalidAnnotation]
+	case ready != nil && ready.Reason == v1alpha1.ReasonCredentialExpired:
+		st.State, st.Description = commitstatus.Failure, ready.Message
 	case isReady && !dispatches:
 		st.State, st.Description = commitstatus.Success, ready.Message
 	case isReady && dispatch != nil && dispatch.Status == metav1.ConditionTrue:

@@ -3,6 +3,7 @@ package conditions
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -11,15 +12,20 @@ import (
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
-// Derive sets what sums the recorded facts up: observedGeneration, Registered,
-// WorkerConfigured's judgement against the current generation and desired state,
-// Ready, and DispatchReady.
-func Derive(wc *v1alpha1.WorkerCluster) {
+// Derive sets what sums the recorded facts up, as of now: observedGeneration,
+// Registered, CredentialCurrent, WorkerConfigured's judgement against the current
+// generation and desired state, Ready, and DispatchReady. Only CredentialCurrent depends
+// on now; its messages name times, never ages, so that deriving again later changes
+// nothing until the credential enters its last third or runs out.
+func Derive(wc *v1alpha1.WorkerCluster, now time.Time) {
 	wc.Status.ObservedGeneration = wc.Generation
 	if e := wc.Status.Enrollment; e != nil {
 		set(wc, v1alpha1.ConditionRegistered, metav1.ConditionTrue, v1alpha1.ReasonEnrolled, "enrolled at "+stamp(e.RedeemedAt.Time))
+		st, reason, msg := credentialCurrent(wc, now)
+		set(wc, v1alpha1.ConditionCredentialCurrent, st, reason, msg)
 	} else {
 		meta.RemoveStatusCondition(&wc.Status.Conditions, v1alpha1.ConditionRegistered)
+		meta.RemoveStatusCondition(&wc.Status.Conditions, v1alpha1.ConditionCredentialCurrent)
 	}
 	// An agent's report is about the generation it was sent: once Git moves the spec on,
 	// the worker is configured only when it acknowledges the new one. A report newer
@@ -87,8 +93,12 @@ func dispatchReadiness(wc *v1alpha1.WorkerCluster) (metav1.ConditionStatus, stri
 }
 
 // readiness is Ready's value: the first unmet condition, in the order a new cluster
-// meets them, decides it.
+// meets them, decides it. An expired credential comes before the connection: the agent
+// cannot connect with it, and what the cluster needs is a new enrollment token.
 func readiness(wc *v1alpha1.WorkerCluster) (metav1.ConditionStatus, string, string) {
+	if c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionCredentialCurrent); c != nil && c.Reason == v1alpha1.ReasonCredentialExpired && wc.Status.Enrollment != nil {
+		return metav1.ConditionFalse, v1alpha1.ReasonCredentialExpired, c.Message
+	}
 	steps := []struct {
 		typ, reason, missing string
 	}{

@@ -70,7 +70,7 @@ func TestDerive(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			Derive(tt.wc)
+			Derive(tt.wc, at)
 			c := meta.FindStatusCondition(tt.wc.Status.Conditions, v1alpha1.ConditionReady)
 			if got := string(c.Status) + "/" + c.Reason; got != tt.ready {
 				t.Errorf("Ready = %s (%q), want %s", got, c.Message, tt.ready)
@@ -91,12 +91,12 @@ func TestDerive(t *testing.T) {
 
 func TestDeriveJudgesReportsAgainstTheCurrentGeneration(t *testing.T) {
 	wc := hashes("h1", "h1")(enrolled(worker("Connected=True/TunnelUp", "WorkerConfigured=True/Applied")))
-	Derive(wc)
+	Derive(wc, at)
 	if c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionReady); c.Status != metav1.ConditionTrue {
 		t.Fatalf("Ready = %+v before the spec moved", c)
 	}
 	wc.Generation = 3 // a merge cordoned the cluster: same objects, new generation
-	Derive(wc)
+	Derive(wc, at)
 	c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionWorkerConfigured)
 	if c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonOutdated || !strings.Contains(c.Message, "apply generation 3; it last applied generation 2") {
 		t.Fatalf("WorkerConfigured = %+v, want Outdated naming both generations", c)
@@ -108,9 +108,9 @@ func TestDeriveJudgesReportsAgainstTheCurrentGeneration(t *testing.T) {
 
 func TestDeriveIsStable(t *testing.T) {
 	wc := withGPUs(hashes("h1", "h1")(enrolled(worker("Connected=True/TunnelUp", "WorkerConfigured=True/Applied"))))
-	Derive(wc)
+	Derive(wc, at)
 	once := wc.DeepCopy()
-	Derive(wc)
+	Derive(wc, at)
 	if !equality.Semantic.DeepEqual(once.Status, wc.Status) {
 		t.Fatalf("deriving twice changed the status:\n%+v\n%+v", once.Status, wc.Status)
 	}
@@ -119,7 +119,7 @@ func TestDeriveIsStable(t *testing.T) {
 func TestCommitStatusOfAnInvalidDirectory(t *testing.T) {
 	wc := withGPUs(hashes("h1", "h1")(enrolled(worker("Connected=True/TunnelUp", "WorkerConfigured=True/Applied"))))
 	wc.Annotations = map[string]string{v1alpha1.InvalidAnnotation: "clusters/gpu-a/cluster.yaml:3: unknown preset \"a200\""}
-	Derive(wc)
+	Derive(wc, at)
 	st := CommitStatus("flotilla/gpu-a", wc)
 	if st.State != commitstatus.Failure || st.Description != wc.Annotations[v1alpha1.InvalidAnnotation] {
 		t.Fatalf("commit status %+v: an invalid directory fails its commit though the worker runs its last good state", st)

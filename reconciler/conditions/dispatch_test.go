@@ -81,7 +81,7 @@ func TestDispatchReady(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			Derive(tt.wc)
+			Derive(tt.wc, at)
 			c := meta.FindStatusCondition(tt.wc.Status.Conditions, v1alpha1.ConditionDispatchReady)
 			if got := string(c.Status) + "/" + c.Reason; got != tt.dispatch {
 				t.Errorf("DispatchReady %s (%s), want %s", got, c.Message, tt.dispatch)

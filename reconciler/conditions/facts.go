@@ -20,33 +20,48 @@ type Fact interface {
 }
 
 // Redeemed: an agent redeemed the cluster's enrollment token and was issued the
-// credential named by Credential (a fingerprint).
+// credential named by Credential (a fingerprint), good until ExpiresAt.
 type Redeemed struct {
 	TokenHash  string
 	At         time.Time
 	Credential string
+	ExpiresAt  time.Time
 }
 
 func (f Redeemed) record(wc *v1alpha1.WorkerCluster) {
 	at := metav1.NewTime(f.At)
 	wc.Status.Enrollment = &v1alpha1.Enrollment{TokenHash: f.TokenHash, RedeemedAt: at, CredentialFingerprint: f.Credential, CredentialIssuedAt: &at}
+	wc.Status.Credential = lifetime(f.At, f.ExpiresAt)
+}
+
+// lifetime is the credential status of a credential issued at and good until expires;
+// nil when no expiry is known.
+func lifetime(at, expires time.Time) *v1alpha1.CredentialStatus {
+	if expires.IsZero() {
+		return nil
+	}
+	return &v1alpha1.CredentialStatus{IssuedAt: metav1.NewTime(at), ExpiresAt: metav1.NewTime(expires)}
 }
 
 // RedemptionUndone gives a token back: the credential of a redemption could not be
-// stored, so the agent could never have used it. Previous is the enrollment before.
+// stored, so the agent could never have used it. Previous is the enrollment before, and
+// PreviousCredential its credential's lifetime.
 type RedemptionUndone struct {
-	Previous *v1alpha1.Enrollment
+	Previous           *v1alpha1.Enrollment
+	PreviousCredential *v1alpha1.CredentialStatus
 }
 
 func (f RedemptionUndone) record(wc *v1alpha1.WorkerCluster) {
 	wc.Status.Enrollment = f.Previous.DeepCopy()
+	wc.Status.Credential = f.PreviousCredential.DeepCopy()
 }
 
-// CredentialIssued: the agent holds a new credential, after a rotation it confirmed or
-// a repeated redemption.
+// CredentialIssued: the agent holds a new credential, good until ExpiresAt, issued in
+// place of one it never received (a repeated redemption).
 type CredentialIssued struct {
 	Fingerprint string
 	At          time.Time
+	ExpiresAt   time.Time
 }
 
 func (f CredentialIssued) record(wc *v1alpha1.WorkerCluster) {
@@ -56,6 +71,71 @@ func (f CredentialIssued) record(wc *v1alpha1.WorkerCluster) {
 	at := metav1.NewTime(f.At)
 	wc.Status.Enrollment.CredentialFingerprint = f.Fingerprint
 	wc.Status.Enrollment.CredentialIssuedAt = &at
+	next := lifetime(f.At, f.ExpiresAt)
+	if next != nil && wc.Status.Credential != nil {
+		next.RotatedAt = wc.Status.Credential.RotatedAt
+	}
+	wc.Status.Credential = next
+}
+
+// CredentialRotated: the agent confirmed, at At, storing the credential the hub rotated
+// to, which was issued at IssuedAt and is good until ExpiresAt.
+type CredentialRotated struct {
+	Fingerprint         string
+	IssuedAt, ExpiresAt time.Time
+	At                  time.Time
+}
+
+func (f CredentialRotated) record(wc *v1alpha1.WorkerCluster) {
+	if wc.Status.Enrollment == nil {
+		return // revoked meanwhile
+	}
+	issued, at := metav1.NewTime(f.IssuedAt), metav1.NewTime(f.At)
+	wc.Status.Enrollment.CredentialFingerprint = f.Fingerprint
+	wc.Status.Enrollment.CredentialIssuedAt = &issued
+	wc.Status.Credential = lifetime(f.IssuedAt, f.ExpiresAt)
+	if wc.Status.Credential != nil {
+		wc.Status.Credential.RotatedAt = &at
+	}
+}
+
+// RotationSent: the hub sent the agent a new credential at At, which it has not
+// confirmed yet. The first of a series of unconfirmed sends is the one kept.
+type RotationSent struct {
+	At time.Time
+}
+
+func (f RotationSent) record(wc *v1alpha1.WorkerCluster) {
+	if c := wc.Status.Credential; c != nil && c.RotationPendingSince == nil {
+		at := metav1.NewTime(f.At)
+		c.RotationPendingSince = &at
+	}
+}
+
+// CredentialInForce: the agent that just connected holds the credential Fingerprint,
+// whose lifetime runs from IssuedAt to ExpiresAt; Assumed when it was issued before
+// the hub recorded lifetimes and its lifetime counts from the hub's first sight of it.
+// A rotation still unconfirmed stays recorded: the agent may confirm it now.
+type CredentialInForce struct {
+	Fingerprint         string
+	IssuedAt, ExpiresAt time.Time
+	Assumed             bool
+}
+
+func (f CredentialInForce) record(wc *v1alpha1.WorkerCluster) {
+	if wc.Status.Enrollment == nil || f.ExpiresAt.IsZero() {
+		return
+	}
+	next := lifetime(f.IssuedAt, f.ExpiresAt)
+	next.LifetimeAssumed = f.Assumed
+	if c := wc.Status.Credential; c != nil {
+		next.RotatedAt, next.RotationPendingSince = c.RotatedAt, c.RotationPendingSince
+		// The first sight of a credential without a lifetime is once; it stays assumed
+		// for as long as it is the one in force.
+		next.LifetimeAssumed = next.LifetimeAssumed || c.LifetimeAssumed && wc.Status.Enrollment.CredentialFingerprint == f.Fingerprint
+	}
+	wc.Status.Credential = next
+	wc.Status.Enrollment.CredentialFingerprint = f.Fingerprint
 }
 
 // Connected: the agent said hello on a new tunnel.
@@ -88,6 +168,8 @@ const (
 	// NotBack: a restarted hub waited for the agent that a previous hub had connected,
 	// and it did not come back.
 	NotBack
+	// Expired: the hub closed the tunnel because the agent's credential expired.
+	Expired
 )
 
 func (c Cause) String() string {
@@ -100,6 +182,8 @@ func (c Cause) String() string {
 		return "Stalled"
 	case NotBack:
 		return "NotBack"
+	case Expired:
+		return "Expired"
 	}
 	return fmt.Sprintf("Cause(%d)", int(c))
 }
@@ -134,6 +218,8 @@ func (f Disconnected) record(wc *v1alpha1.WorkerCluster) {
 		reason = v1alpha1.ReasonSendTimeout
 		msg = fmt.Sprintf("the hub disconnected the agent at %s: its connection stopped taking data (a stuck agent, or a network that drops its traffic); the worker keeps its last applied state",
 			stamp(f.At))
+	case Expired:
+		msg = fmt.Sprintf("the hub closed the tunnel at %s: the agent credential expired; the worker keeps its last applied state", stamp(f.At))
 	}
 	set(wc, v1alpha1.ConditionConnected, metav1.ConditionFalse, reason, msg)
 }

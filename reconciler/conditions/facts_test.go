@@ -67,7 +67,7 @@ func TestAppliedReports(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			wc := worker()
 			Applied{Report: &tt.applied, Sent: tt.desired}.record(wc)
-			Derive(wc)
+			Derive(wc, at)
 			c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionWorkerConfigured)
 			if c.Status != tt.status || c.Reason != tt.reason || c.Message == "" {
 				t.Fatalf("WorkerConfigured = %s %s %q, want %s %s with a message", c.Status, c.Reason, c.Message, tt.status, tt.reason)
@@ -140,7 +140,7 @@ func TestComponentReports(t *testing.T) {
 			wc.Status.Enrollment = &v1alpha1.Enrollment{RedeemedAt: metav1.NewTime(at)}
 			rep := protocol.Applied{Generation: 2, Hash: "sha256:a", Results: []protocol.ObjectResult{{Kind: "ClusterQueue", Name: "gpu", Action: protocol.ActionUnchanged}}, Components: tt.statuses}
 			Applied{Report: &rep, Sent: "sha256:a"}.record(wc)
-			Derive(wc)
+			Derive(wc, at)
 			c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionWorkerConfigured)
 			if c.Message != tt.message {
 				t.Errorf("WorkerConfigured says %q, want %q", c.Message, tt.message)
@@ -199,7 +199,7 @@ func TestEnrollmentFacts(t *testing.T) {
 	later := at.Add(time.Hour)
 	wc := worker()
 	Redeemed{TokenHash: token, At: at, Credential: "sha256:1111"}.record(wc)
-	Derive(wc)
+	Derive(wc, at)
 	if c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionRegistered); c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonEnrolled || !strings.Contains(c.Message, "2026-12-04T09:30:00Z") {
 		t.Fatalf("after a redemption Registered = %+v, want True Enrolled saying when", c)
 	}
@@ -208,7 +208,7 @@ func TestEnrollmentFacts(t *testing.T) {
 		t.Fatalf("after a rotation the enrollment is %+v, want the new credential and the redemption kept", e)
 	}
 	RedemptionUndone{}.record(wc)
-	Derive(wc)
+	Derive(wc, at)
 	if wc.Status.Enrollment != nil || meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionRegistered) != nil {
 		t.Fatalf("an undone first redemption leaves %+v, %+v; want no enrollment and no Registered", wc.Status.Enrollment, wc.Status.Conditions)
 	}

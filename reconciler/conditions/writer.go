@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/client-go/util/retry"
@@ -17,13 +18,29 @@ import (
 // It is safe for concurrent use.
 type Writer struct {
 	client client.Client
+	now    func() time.Time
 
 	mu      sync.Mutex
 	changed []func(client.ObjectKey)
 }
 
+// WriterOptions configure a Writer.
+type WriterOptions struct {
+	// Now is the time conditions are judged at: a credential's lifetime runs out by it.
+	// Defaults to time.Now.
+	Now func() time.Time
+}
+
 // NewWriter writes through c.
-func NewWriter(c client.Client) *Writer { return &Writer{client: c} }
+func NewWriter(c client.Client) *Writer { return NewWriterWith(c, WriterOptions{}) }
+
+// NewWriterWith writes through c with opts.
+func NewWriterWith(c client.Client, opts WriterOptions) *Writer {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Writer{client: c, now: opts.Now}
+}
 
 // OnChange has f called, synchronously, with the key of each WorkerCluster whose status
 // the Writer changed: f should hand the work on rather than do it.
@@ -35,8 +52,9 @@ func (w *Writer) OnChange(f func(client.ObjectKey)) {
 
 // Record records facts on the WorkerCluster's current status and derives the rest,
 // retrying on conflicts with other writes of the WorkerCluster; with no facts it only
-// derives, for a spec that moved on. Nothing is written when nothing changed. It
-// returns the WorkerCluster as stored afterwards.
+// derives, for a spec that moved on or a credential whose lifetime moved into its last
+// third or past its end. Nothing is written when nothing changed. It returns the
+// WorkerCluster as stored afterwards.
 func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact) (*v1alpha1.WorkerCluster, error) {
 	var wc *v1alpha1.WorkerCluster
 	changed := false
@@ -82,7 +100,7 @@ func (w *Writer) write(ctx context.Context, wc *v1alpha1.WorkerCluster, facts []
 	for _, f := range facts {
 		f.record(wc)
 	}
-	Derive(wc)
+	Derive(wc, w.now())
 	// Resync acknowledgements and inventories mostly repeat what is stored; with
 	// thousands of agents, writing them anyway would be a steady load for nothing.
 	if equality.Semantic.DeepEqual(before.Status, wc.Status) {

@@ -199,7 +199,7 @@ func (d *Dispatcher) applier(tenant string) (ap *apply.Applier, first bool, err 
 		},
 		// The only Secrets the hub owns are the kubeconfigs in Kueue's namespace.
 		PruneNamespaces: map[schema.GroupKind]string{{Kind: "Secret"}: d.opts.KueueNamespace},
-		Log: d.opts.Log.With("tenant", tenant)})
+		Log:             d.opts.Log.With("tenant", tenant)})
 	if err != nil {
 		return nil, false, err
 	}

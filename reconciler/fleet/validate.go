@@ -35,8 +35,14 @@ func loadFleetFile(fsys fs.FS, list *ErrorList) *v1alpha1.Fleet {
 	if !ok {
 		return nil
 	}
+	v, err := toValue(root)
+	if err != nil {
+		e.at(root.Line, root.Column, "%v", err)
+		return nil
+	}
+	lifetimeOK := checkCredentialLifetime(root, v, e, "spec", "credentialLifetime")
 	var fl v1alpha1.Fleet
-	if !decodeStrict(root, &fl, e) {
+	if !decodeValue(root, v, &fl, e) {
 		return nil
 	}
 	before := len(*list)
@@ -118,7 +124,7 @@ func loadFleetFile(fsys fs.FS, list *ErrorList) *v1alpha1.Fleet {
 		}
 		seen[r] = true
 	}
-	if len(*list) > before {
+	if len(*list) > before || !lifetimeOK {
 		return nil
 	}
 	return &fl
@@ -266,6 +272,7 @@ func decodeCluster(root *yaml.Node, wc *v1alpha1.WorkerCluster, e errs) bool {
 			q[k.Value] = val.Value
 		}
 	}
+	ok = checkCredentialLifetime(root, v, e, "spec", "credentialLifetime") && ok
 	return decodeValue(root, v, wc, e) && ok
 }
 

@@ -123,6 +123,9 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		delete(want.Annotations, v1alpha1.HubErrorAnnotation)
 		want.Spec = *c.Object.Spec.DeepCopy()
 		want.Spec.EnrollmentTokenHash = tok.String()
+		// The tunnel issues the agent's credentials for this long: the cluster's own
+		// lifetime, else the fleet's (unset: the tunnel's default).
+		want.Spec.CredentialLifetime = fleet.CredentialLifetime(f, c)
 		if !exists {
 			return s.hub.opts.Client.Create(ctx, want)
 		}

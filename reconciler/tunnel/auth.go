@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/validation"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,21 +33,32 @@ const (
 	redemptionKeyHashKey = "redemptionKeyHash"
 )
 
+// Annotations of the credential Secret: the lifetime of each credential it holds, in
+// RFC 3339. They are not secret, and `kubectl get secret -o yaml` shows them as they are.
+// A credential without them was issued by a hub that recorded no lifetimes.
+const (
+	issuedAtAnnotation         = "flotilla.dev/credential-issued-at"
+	expiresAtAnnotation        = "flotilla.dev/credential-expires-at"
+	pendingIssuedAtAnnotation  = "flotilla.dev/pending-credential-issued-at"
+	pendingExpiresAtAnnotation = "flotilla.dev/pending-credential-expires-at"
+)
+
 // CredentialSecretName is the Secret, in the WorkerCluster's namespace, that holds the
 // hash of its agent's credential.
 func CredentialSecretName(workerCluster string) string { return workerCluster + "-agent-credential" }
 
-// refusal is an authentication failure: Reason goes to the operator's log, never to the
-// caller, who only learns "unauthorized".
+// refusal is an authentication failure: Reason, and Args as log attributes, go to the
+// operator's log, never to the caller, who only learns "unauthorized".
 type refusal struct {
 	Reason      string
 	Fingerprint string
+	Args        []any
 }
 
 func (r *refusal) Error() string { return r.Reason }
 
-func refuse(reason, fingerprint string) error {
-	return &refusal{Reason: reason, Fingerprint: fingerprint}
+func refuse(reason, fingerprint string, args ...any) error {
+	return &refusal{Reason: reason, Fingerprint: fingerprint, Args: args}
 }
 
 // admitted is the result of a successful authentication.
@@ -59,6 +71,11 @@ type admitted struct {
 	fingerprint string
 	// again is set when the redemption repeated one whose answer was lost.
 	again bool
+	// record is the credential Secret as authentication read or wrote it.
+	record credentialRecord
+	// promoted is set when the agent presented the rotated credential whose
+	// confirmation was lost: authentication made it the one in force.
+	promoted bool
 }
 
 // presented is what an upgrade request claims, checked for shape only.
@@ -238,22 +255,23 @@ func (s *Server) redeemOnce(ctx context.Context, wc *v1alpha1.WorkerCluster, p p
 		return nil, refuse(fmt.Sprintf("the enrollment token was already redeemed for WorkerCluster %s/%s (the record of redeemed tokens, Secret %s, outlives the cluster's removal from the fleet); a redeemed token is never accepted again: give the cluster a new one with `flotilla cluster rotate-token %s`",
 			wc.Namespace, wc.Name, RecordSecretName(wc.Name), wc.Name), p.fp)
 	}
-	cred, err := secrets.NewToken()
+	cred, issued, err := s.issue(wc)
 	if err != nil {
 		return nil, err
 	}
-	before := wc.Status.Enrollment.DeepCopy()
-	err = s.opts.Status.Claim(ctx, wc, conditions.Redeemed{TokenHash: wc.Spec.EnrollmentTokenHash, At: s.opts.Now(), Credential: cred.Hash().Fingerprint()})
+	before, beforeCred := wc.Status.Enrollment.DeepCopy(), wc.Status.Credential.DeepCopy()
+	err = s.opts.Status.Claim(ctx, wc, conditions.Redeemed{TokenHash: wc.Spec.EnrollmentTokenHash, At: issued.issued, Credential: cred.Hash().Fingerprint(), ExpiresAt: issued.expires})
 	if apierrors.IsConflict(err) {
 		return nil, err
 	}
 	if err != nil {
 		return nil, fmt.Errorf("recording the redemption on WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
-	if err := s.writeCredential(ctx, wc, credentialHashes{current: cred.Hash(), redemptionKey: p.keyHash}); err != nil {
+	rec := credentialRecord{current: issued, redemptionKey: p.keyHash}
+	if err := s.writeCredential(ctx, wc, rec); err != nil {
 		// Without a stored credential hash the agent could never connect again: give the
 		// token back so that its next attempt can redeem it.
-		if uerr := s.opts.Status.Claim(ctx, wc, conditions.RedemptionUndone{Previous: before}); uerr != nil {
+		if uerr := s.opts.Status.Claim(ctx, wc, conditions.RedemptionUndone{Previous: before, PreviousCredential: beforeCred}); uerr != nil {
 			s.opts.Log.Error("undoing a redemption whose credential could not be stored", "identity", p.identity, "fingerprint", p.fp, "error", uerr)
 		}
 		return nil, err
@@ -264,7 +282,7 @@ func (s *Server) redeemOnce(ctx context.Context, wc *v1alpha1.WorkerCluster, p p
 	if err := recordRedeemed(ctx, s.opts.Client, wc, token); err != nil {
 		s.opts.Log.Error("recording the redeemed enrollment token", "workerCluster", wc.Namespace+"/"+wc.Name, "fingerprint", p.fp, "error", err)
 	}
-	return &admitted{wc: wc, credential: cred, fingerprint: p.fp}, nil
+	return &admitted{wc: wc, credential: cred, fingerprint: p.fp, record: rec}, nil
 }
 
 // redeemAgain answers a token that this WorkerCluster already redeemed: refused, unless
@@ -288,21 +306,22 @@ func (s *Server) redeemAgain(ctx context.Context, wc *v1alpha1.WorkerCluster, p 
 	if stored.IsZero() || !stored.Equal(p.keyHash) {
 		return nil, refuse(redeemed+", with another redemption key or by an agent that has since connected", p.fp)
 	}
-	cred, err := secrets.NewToken()
+	cred, issued, err := s.issue(wc)
 	if err != nil {
 		return nil, err
 	}
-	err = s.opts.Status.Claim(ctx, wc, conditions.CredentialIssued{Fingerprint: cred.Hash().Fingerprint(), At: s.opts.Now()})
+	err = s.opts.Status.Claim(ctx, wc, conditions.CredentialIssued{Fingerprint: cred.Hash().Fingerprint(), At: issued.issued, ExpiresAt: issued.expires})
 	if apierrors.IsConflict(err) {
 		return nil, err
 	}
 	if err != nil {
 		return nil, fmt.Errorf("recording the repeated redemption on WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
-	if err := s.writeCredential(ctx, wc, credentialHashes{current: cred.Hash(), redemptionKey: p.keyHash}); err != nil {
+	rec := credentialRecord{current: issued, redemptionKey: p.keyHash}
+	if err := s.writeCredential(ctx, wc, rec); err != nil {
 		return nil, err
 	}
-	return &admitted{wc: wc, credential: cred, fingerprint: p.fp, again: true}, nil
+	return &admitted{wc: wc, credential: cred, fingerprint: p.fp, again: true, record: rec}, nil
 }
 
 func (s *Server) checkCredential(ctx context.Context, wc *v1alpha1.WorkerCluster, p presented) (*admitted, error) {
@@ -314,43 +333,134 @@ func (s *Server) checkCredential(ctx context.Context, wc *v1alpha1.WorkerCluster
 	if err != nil {
 		return nil, fmt.Errorf("reading the credential of WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
-	current, _ := secrets.ParseHash(string(sec.Data[credentialHashKey]))
-	pending, _ := secrets.ParseHash(string(sec.Data[pendingHashKey]))
+	rec := readRecord(&sec)
 	h := p.token.Hash()
+	now := s.opts.Now()
 	switch {
-	case !current.IsZero() && h.Equal(current):
-		return &admitted{wc: wc, fingerprint: p.fp}, nil
-	case !pending.IsZero() && h.Equal(pending):
+	case !rec.current.hash.IsZero() && h.Equal(rec.current.hash):
+		if rec.current.expiredAt(now) {
+			return nil, s.expired(ctx, wc, rec.current, p.fp)
+		}
+		return &admitted{wc: wc, fingerprint: p.fp, record: rec}, nil
+	case !rec.pending.hash.IsZero() && h.Equal(rec.pending.hash):
+		if rec.pending.expiredAt(now) {
+			return nil, s.expired(ctx, wc, rec.pending, p.fp)
+		}
 		// The agent stored the rotated credential, and the confirmation was lost.
-		if err := s.writeCredential(ctx, wc, credentialHashes{current: pending}); err != nil {
+		promoted := credentialRecord{current: rec.pending}
+		if err := s.writeCredential(ctx, wc, promoted); err != nil {
 			return nil, err
 		}
-		return &admitted{wc: wc, fingerprint: p.fp}, nil
-	case current.IsZero():
+		return &admitted{wc: wc, fingerprint: p.fp, record: promoted, promoted: true}, nil
+	case rec.current.hash.IsZero():
 		return nil, refuse("no credential is in force (revoked)", p.fp)
 	}
 	return nil, refuse("the credential does not match the one issued", p.fp)
 }
 
-// credentialHashes is what the credential Secret holds; zero hashes are left out.
-type credentialHashes struct {
-	current, pending, redemptionKey secrets.Hash
+// expired refuses a credential past its lifetime. The refusal names the cluster, the
+// expiry and what to do, in the operator's log only; the WorkerCluster is judged again,
+// once, so that it says so too (the agent redials, and the cached status says when it
+// already does).
+func (s *Server) expired(ctx context.Context, wc *v1alpha1.WorkerCluster, c issuedCredential, fp string) error {
+	name := wc.Namespace + "/" + wc.Name
+	if cond := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionCredentialCurrent); cond == nil || cond.Reason != v1alpha1.ReasonCredentialExpired {
+		if _, err := s.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc)); err != nil {
+			s.opts.Log.Error("recording an expired agent credential", "workerCluster", name, "error", err)
+		}
+	}
+	return refuse(fmt.Sprintf("the agent credential of WorkerCluster %s expired at %s and is no longer accepted: the cluster needs a new enrollment token (`flotilla cluster rotate-token %s`, then install the agent with the new values file)",
+		name, stamp(c.expires), wc.Name), fp, "workerCluster", name, "expiredAt", stamp(c.expires))
 }
 
-// writeCredential makes the credential Secret hold h.
-func (s *Server) writeCredential(ctx context.Context, wc *v1alpha1.WorkerCluster, h credentialHashes) error {
-	data := map[string][]byte{credentialHashKey: []byte(h.current.String())}
-	if !h.pending.IsZero() {
-		data[pendingHashKey] = []byte(h.pending.String())
+// issuedCredential is one credential the credential Secret holds: its hash and its
+// lifetime. A zero expires is a credential of a hub that recorded no lifetimes.
+type issuedCredential struct {
+	hash            secrets.Hash
+	issued, expires time.Time
+}
+
+// expiredAt reports whether the credential is past its lifetime at now.
+func (c issuedCredential) expiredAt(now time.Time) bool {
+	return !c.expires.IsZero() && !now.Before(c.expires)
+}
+
+// credentialRecord is what the credential Secret holds; zero parts are left out.
+type credentialRecord struct {
+	current, pending issuedCredential
+	redemptionKey    secrets.Hash
+}
+
+// readRecord reads the credential Secret. What does not parse is left zero: a hash that
+// does not parse matches nothing, and a time that does not parse is one not recorded.
+func readRecord(sec *corev1.Secret) credentialRecord {
+	var r credentialRecord
+	r.current.hash, _ = secrets.ParseHash(string(sec.Data[credentialHashKey]))
+	r.pending.hash, _ = secrets.ParseHash(string(sec.Data[pendingHashKey]))
+	r.redemptionKey, _ = secrets.ParseHash(string(sec.Data[redemptionKeyHashKey]))
+	r.current.issued = parseStamp(sec.Annotations[issuedAtAnnotation])
+	r.current.expires = parseStamp(sec.Annotations[expiresAtAnnotation])
+	r.pending.issued = parseStamp(sec.Annotations[pendingIssuedAtAnnotation])
+	r.pending.expires = parseStamp(sec.Annotations[pendingExpiresAtAnnotation])
+	return r
+}
+
+func parseStamp(s string) time.Time {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}
 	}
-	if !h.redemptionKey.IsZero() {
-		data[redemptionKeyHashKey] = []byte(h.redemptionKey.String())
+	return t
+}
+
+// stamp is how the tunnel writes a time, in the Secret and in its log: RFC 3339, UTC.
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+// lifetime is how long a credential issued now for wc is good for: the lifetime Git
+// declares for it, else Options.CredentialLifetime.
+func (s *Server) lifetime(wc *v1alpha1.WorkerCluster) time.Duration {
+	if l := wc.Spec.CredentialLifetime; l != nil && l.Duration > 0 {
+		return l.Duration
+	}
+	return s.opts.CredentialLifetime
+}
+
+// issue draws a new credential for wc, issued now. Times are kept to the second, as
+// the Secret and the status hold them.
+func (s *Server) issue(wc *v1alpha1.WorkerCluster) (secrets.Token, issuedCredential, error) {
+	cred, err := secrets.NewToken()
+	if err != nil {
+		return secrets.Token{}, issuedCredential{}, err
+	}
+	now := s.opts.Now().UTC().Truncate(time.Second)
+	return cred, issuedCredential{hash: cred.Hash(), issued: now, expires: now.Add(s.lifetime(wc))}, nil
+}
+
+// writeCredential makes the credential Secret hold r.
+func (s *Server) writeCredential(ctx context.Context, wc *v1alpha1.WorkerCluster, r credentialRecord) error {
+	data := map[string][]byte{credentialHashKey: []byte(r.current.hash.String())}
+	ann := map[string]string{}
+	if !r.current.expires.IsZero() {
+		ann[issuedAtAnnotation], ann[expiresAtAnnotation] = stamp(r.current.issued), stamp(r.current.expires)
+	}
+	if !r.pending.hash.IsZero() {
+		data[pendingHashKey] = []byte(r.pending.hash.String())
+		if !r.pending.expires.IsZero() {
+			ann[pendingIssuedAtAnnotation], ann[pendingExpiresAtAnnotation] = stamp(r.pending.issued), stamp(r.pending.expires)
+		}
+	}
+	if !r.redemptionKey.IsZero() {
+		data[redemptionKeyHashKey] = []byte(r.redemptionKey.String())
 	}
 	sec := corev1ac.Secret(CredentialSecretName(wc.Name), wc.Namespace).
 		WithLabels(map[string]string{v1alpha1.WorkerClusterLabel: wc.Labels[v1alpha1.WorkerClusterLabel]}).
 		WithType(corev1.SecretTypeOpaque).
 		WithData(data)
-	// Apply replaces what this manager owns whole: a hash not named here is dropped.
+	if len(ann) > 0 {
+		sec.WithAnnotations(ann)
+	}
+	// Apply replaces what this manager owns whole: a hash or a time not named here is
+	// dropped.
 	if err := s.opts.Client.Apply(ctx, sec, client.FieldOwner(fieldManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("writing the credential of WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}

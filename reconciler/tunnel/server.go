@@ -7,8 +7,8 @@
 // tunnel keeps the last one, sends it on every connect, resync and push, and never
 // asks the hub for it. What the tunnel learns of an agent it hands as facts to the
 // owner of the WorkerCluster's status (reconciler/conditions); the rest lives in a
-// Secret holding the credential's hash. Nothing else is kept between connections, so
-// a restarted hub picks up where it left off. A second small Secret per cluster
+// Secret holding the credential's hash and, as annotations, its lifetime. Nothing else
+// is kept between connections, so a restarted hub picks up where it left off. A second small Secret per cluster
 // (RecordSecretName) records the enrollment tokens it redeemed and outlives the
 // cluster's removal ([Server.Revoke]), so that a spent token stays spent.
 //
@@ -30,6 +30,15 @@
 //
 // A redemption whose answer was lost can be repeated by the agent that made it, with
 // the redemption key it sent (see agent/protocol), within RedemptionRetryWindow.
+//
+// # Credential lifetimes
+//
+// Every credential the tunnel issues has a lifetime, and the tunnel rotates it over the
+// live tunnel long before its end (lifetime.go says when). An expired credential is
+// refused like any other secret, with a log line naming the WorkerCluster, the
+// credential's fingerprint and the expiry; a live tunnel whose credential runs out is
+// closed. A credential issued before lifetimes were recorded gets one from the hub's
+// first sight of its agent after the upgrade.
 package tunnel
 
 import (
@@ -77,9 +86,18 @@ type Options struct {
 	// ResyncEvery is how often each connected agent gets its whole desired state again,
 	// besides every connect and every Push. Default 5 minutes.
 	ResyncEvery time.Duration
-	// RotateEvery is how often an agent's credential is replaced while connected.
-	// Default 24 hours.
+	// RotateEvery bounds the age of an agent's credential: a connected agent gets a new
+	// one once its credential is RotateEvery old, or half its lifetime when that is
+	// sooner. Default 24 hours.
 	RotateEvery time.Duration
+	// CredentialLifetime is how long a credential is accepted when its WorkerCluster's
+	// spec.credentialLifetime says nothing. Default v1alpha1.DefaultCredentialLifetime.
+	CredentialLifetime time.Duration
+	// CredentialCheckEvery bounds how long the tunnel goes without looking at a
+	// credential's lifetime (a rotation due, its last third, its end): it wakes at each of
+	// these by itself, and at least this often in case the clock jumped. Default 5
+	// minutes.
+	CredentialCheckEvery time.Duration
 	// LastSeenEvery is how coarsely status.lastSeen is recorded. Default 1 minute.
 	LastSeenEvery time.Duration
 	// HandshakeTimeout bounds the time from upgrade to the agent's hello.
@@ -111,6 +129,10 @@ type Server struct {
 	// watches that wait for their agent to redial wake on it.
 	registered chan struct{}
 	closing    atomic.Bool
+	// done is closed by Close: the sweep of disconnected agents' credentials ends.
+	done      chan struct{}
+	closeOnce sync.Once
+	sweeping  sync.Once
 }
 
 // pushed is what the hub last pushed for an identity.
@@ -124,8 +146,11 @@ func New(opts Options) (*Server, error) {
 	if opts.Client == nil {
 		return nil, errors.New("tunnel: a client is required")
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	if opts.Status == nil {
-		opts.Status = conditions.NewWriter(opts.Client)
+		opts.Status = conditions.NewWriterWith(opts.Client, conditions.WriterOptions{Now: opts.Now})
 	}
 	if opts.Liveness == (protocol.Liveness{}) {
 		opts.Liveness = protocol.DefaultLiveness
@@ -154,8 +179,11 @@ func New(opts Options) (*Server, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	if opts.Now == nil {
-		opts.Now = time.Now
+	if opts.CredentialLifetime <= 0 {
+		opts.CredentialLifetime = v1alpha1.DefaultCredentialLifetime
+	}
+	if opts.CredentialCheckEvery <= 0 {
+		opts.CredentialCheckEvery = 5 * time.Minute
 	}
 	return &Server{
 		opts: opts,
@@ -172,6 +200,7 @@ func New(opts Options) (*Server, error) {
 		desired:     map[string]pushed{},
 		proxyTokens: map[string]secrets.Hash{},
 		registered:  make(chan struct{}),
+		done:        make(chan struct{}),
 	}, nil
 }
 
@@ -206,7 +235,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var ref *refusal
 		if errors.As(err, &ref) {
-			s.logRefusal(log, slog.LevelWarn, "agent refused", "auth", authKind(r), "reason", ref.Reason, "fingerprint", ref.Fingerprint)
+			s.logRefusal(log, slog.LevelWarn, "agent refused", append([]any{"auth", authKind(r), "reason", ref.Reason, "fingerprint", ref.Fingerprint}, ref.Args...)...)
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
@@ -221,6 +250,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Set(protocol.HeaderProtocol, strconv.Itoa(version))
 	if !adm.credential.IsZero() {
 		hdr.Set(protocol.HeaderCredential, adm.credential.Reveal())
+		hdr.Set(protocol.HeaderCredentialExpires, stamp(adm.record.current.expires))
 		if adm.again {
 			log.Info("enrollment token presented again with its redemption key: the first answer was lost; a fresh credential replaces the one issued then", "fingerprint", adm.fingerprint, "credential", adm.credential.Hash().Fingerprint())
 		} else {
@@ -247,10 +277,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		log.Error("starting the tunnel", "error", err)
 		return
 	}
-	sess := &session{srv: s, tunnel: t, wc: adm.wc, identity: adm.wc.Labels[v1alpha1.WorkerClusterLabel], version: version, log: log.With("workerCluster", adm.wc.Namespace+"/"+adm.wc.Name)}
-	if !adm.credential.IsZero() {
-		sess.issued = adm.credential.Hash()
-	}
+	sess := &session{srv: s, tunnel: t, wc: adm.wc, identity: adm.wc.Labels[v1alpha1.WorkerClusterLabel], version: version, log: log.With("workerCluster", adm.wc.Namespace+"/"+adm.wc.Name),
+		admittedWith: adm.record, justIssued: !adm.credential.IsZero(), promoted: adm.promoted}
 	// The session outlives this handler: returning lets net/http drop the request and
 	// its connection buffers, which an idle tunnel would otherwise keep for its life.
 	go sess.run(context.WithoutCancel(r.Context()))
@@ -272,6 +300,9 @@ func authKind(r *http.Request) string {
 // WriteTimeout is disconnected. An agent that connects later gets the state then, and
 // its authentication reads key rather than searching for its WorkerCluster.
 func (s *Server) Push(key client.ObjectKey, identity string, ds *protocol.DesiredState) bool {
+	// The hub pushes every cluster it knows: from the first push on, the credentials of
+	// those whose agent is away are watched too.
+	s.sweeping.Do(func() { go s.sweepCredentials() })
 	s.mu.Lock()
 	s.desired[identity] = pushed{key: key, state: ds}
 	sess := s.sessions[identity]
@@ -323,6 +354,7 @@ func (s *Server) Disconnect(identity string) {
 // finds out which of them come back.
 func (s *Server) Close() {
 	s.closing.Store(true)
+	s.closeOnce.Do(func() { close(s.done) })
 	s.mu.Lock()
 	all := make([]*session, 0, len(s.sessions))
 	for _, sess := range s.sessions {

@@ -10,13 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
-	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
 // session is one agent's live tunnel.
@@ -30,16 +28,25 @@ type session struct {
 	version  int
 	log      *slog.Logger
 	replaced atomic.Bool
-	// issued is the credential issued by the redemption that opened this tunnel, if
-	// one did: the agent's hello shows that the answer arrived.
-	issued secrets.Hash
+	// admittedWith is the credential Secret as authentication read or wrote it.
+	admittedWith credentialRecord
+	// justIssued is set when a redemption opened this tunnel, so that admittedWith is
+	// what it wrote: the agent's hello shows that the answer arrived.
+	justIssued bool
+	// promoted is set when authentication made the rotated credential the one in force.
+	promoted bool
 	// stuck is set when a write to the agent timed out and the hub closed the tunnel.
 	stuck atomic.Bool
+	// expired is set when the hub closed the tunnel because the credential expired.
+	expired atomic.Bool
+
+	// cred is the credential's state; its mutex serializes the credential's work (the
+	// clock, a confirmation), which writes the Secret and sends to the agent.
+	cred credentialState
 
 	mu            sync.Mutex
 	lastSeenSaved time.Time
-	pending       secrets.Token // a rotated credential not yet confirmed
-	sent          string        // hash of the desired state sent last
+	sent          string // hash of the desired state sent last
 	timers        []*time.Timer
 	closed        bool
 	// next is the desired state waiting for the writer; a newer one replaces it.
@@ -86,19 +93,16 @@ func (s *session) run(ctx context.Context) {
 	s.srv.register(s)
 	s.log.Info("agent connected", "agentVersion", hello.AgentVersion, "kubernetesVersion", hello.KubernetesVersion, "appliedHash", hello.AppliedHash)
 	defer s.stop(ctx)
-	if err := s.forgetRedemptionKey(ctx); err != nil {
-		s.log.Error("forgetting the redemption key", "error", err)
+	inForce, err := s.startCredential(ctx)
+	if err != nil {
+		s.log.Error("reading the agent credential's lifetime", "error", err)
 	}
-	if err := s.connected(ctx, hello); err != nil {
+	if err := s.connected(ctx, hello, inForce...); err != nil {
 		s.log.Error("recording the connection", "error", err)
 	}
 	s.queueDesired()
 	s.every(s.srv.opts.ResyncEvery, s.queueDesired)
-	s.every(s.srv.opts.RotateEvery, func() {
-		if err := s.rotate(ctx); err != nil {
-			s.log.Error("rotating the agent credential", "error", err)
-		}
-	})
+	s.startCredentialClock(ctx)
 
 	for {
 		_, body, err := s.conn.Receive()
@@ -117,29 +121,6 @@ func (s *session) run(ctx context.Context) {
 			s.log.Error("handling a message from the agent", "error", err)
 		}
 	}
-}
-
-// forgetRedemptionKey drops the redemption key's hash once the agent has said hello:
-// it holds its credential, so the redemption is not to be repeated, by it or by anyone
-// who learnt its key.
-func (s *session) forgetRedemptionKey(ctx context.Context) error {
-	if !s.issued.IsZero() {
-		// Just redeemed on this connection: the cache may not show the key yet.
-		return s.srv.writeCredential(ctx, s.wc, credentialHashes{current: s.issued})
-	}
-	var sec corev1.Secret
-	if err := s.srv.opts.Reader.Get(ctx, client.ObjectKey{Namespace: s.wc.Namespace, Name: CredentialSecretName(s.wc.Name)}, &sec); err != nil {
-		return client.IgnoreNotFound(err)
-	}
-	if _, ok := sec.Data[redemptionKeyHashKey]; !ok {
-		return nil
-	}
-	current, _ := secrets.ParseHash(string(sec.Data[credentialHashKey]))
-	pending, _ := secrets.ParseHash(string(sec.Data[pendingHashKey]))
-	if current.IsZero() {
-		return nil // revoked meanwhile: nothing to keep
-	}
-	return s.srv.writeCredential(ctx, s.wc, credentialHashes{current: current, pending: pending})
 }
 
 func (s *session) handle(ctx context.Context, body any) error {
@@ -199,6 +180,8 @@ func (s *session) stop(ctx context.Context) {
 	}
 	cause := conditions.HungUp
 	switch {
+	case s.expired.Load():
+		cause = conditions.Expired
 	case s.stuck.Load():
 		cause = conditions.Stuck
 	case s.tunnel.WriteTimedOut():
@@ -250,12 +233,13 @@ func (s *session) write() {
 	}
 }
 
-func (s *session) connected(ctx context.Context, hello *protocol.Hello) error {
+// connected records the connection, with what is learnt of the credential with it.
+func (s *session) connected(ctx context.Context, hello *protocol.Hello, also ...conditions.Fact) error {
 	now := s.srv.opts.Now()
 	s.mu.Lock()
 	s.lastSeenSaved = now
 	s.mu.Unlock()
-	return s.record(ctx, conditions.Connected{At: now, AgentVersion: hello.AgentVersion, KubernetesVersion: hello.KubernetesVersion, Protocol: s.version})
+	return s.record(ctx, append([]conditions.Fact{conditions.Connected{At: now, AgentVersion: hello.AgentVersion, KubernetesVersion: hello.KubernetesVersion, Protocol: s.version}}, also...)...)
 }
 
 // seen records status.lastSeen, at most once per LastSeenEvery.
@@ -283,61 +267,6 @@ func (s *session) applied(ctx context.Context, a *protocol.Applied) error {
 
 func (s *session) inventory(ctx context.Context, inv *protocol.Inventory) error {
 	return s.record(ctx, conditions.Inventory{Report: inv})
-}
-
-// rotate issues a new credential. The old one stays valid until the agent confirms it
-// stored the new one, so a rotation cut short by a disconnect never locks it out.
-func (s *session) rotate(ctx context.Context) error {
-	s.mu.Lock()
-	inFlight := !s.pending.IsZero()
-	s.mu.Unlock()
-	if inFlight {
-		// The agent has not confirmed the last one: a second pending credential could
-		// leave it holding one the hub no longer accepts.
-		s.log.Warn("not rotating the agent credential: the last rotation is unconfirmed")
-		return nil
-	}
-	cred, err := secrets.NewToken()
-	if err != nil {
-		return err
-	}
-	current, err := s.currentCredential(ctx)
-	if err != nil {
-		return err
-	}
-	if err := s.srv.writeCredential(ctx, s.wc, credentialHashes{current: current, pending: cred.Hash()}); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	s.pending = cred
-	s.mu.Unlock()
-	s.log.Info("rotating the agent credential", "credential", cred.Hash().Fingerprint())
-	return s.send(protocol.TypeRotateCredential, &protocol.RotateCredential{Credential: protocol.Secret(cred.Reveal())})
-}
-
-func (s *session) currentCredential(ctx context.Context) (secrets.Hash, error) {
-	sec := new(corev1.Secret)
-	if err := s.srv.opts.Client.Get(ctx, client.ObjectKey{Namespace: s.wc.Namespace, Name: CredentialSecretName(s.wc.Name)}, sec); err != nil {
-		return secrets.Hash{}, fmt.Errorf("reading the credential of WorkerCluster %s/%s: %w", s.wc.Namespace, s.wc.Name, err)
-	}
-	return secrets.ParseHash(string(sec.Data[credentialHashKey]))
-}
-
-func (s *session) credentialStored(ctx context.Context, m *protocol.CredentialStored) error {
-	s.mu.Lock()
-	pending := s.pending
-	s.mu.Unlock()
-	if pending.IsZero() || pending.Hash().Fingerprint() != m.Fingerprint {
-		return fmt.Errorf("the agent confirmed credential %q, which is not the one sent", m.Fingerprint)
-	}
-	if err := s.srv.writeCredential(ctx, s.wc, credentialHashes{current: pending.Hash()}); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	s.pending = secrets.Token{}
-	s.mu.Unlock()
-	s.log.Info("agent credential rotated", "credential", m.Fingerprint)
-	return s.record(ctx, conditions.CredentialIssued{Fingerprint: m.Fingerprint, At: s.srv.opts.Now()})
 }
 
 // record hands facts about the agent to the owner of the WorkerCluster's status.

@@ -59,6 +59,13 @@ type FleetSpec struct {
 	// +optional
 	Dispatch *DispatchSpec `json:"dispatch,omitempty"`
 
+	// CredentialLifetime is how long each agent credential is accepted (a duration such
+	// as 2160h, between 1h and 8784h); a cluster.yaml may set its own. The hub rotates
+	// credentials over the tunnel daily, or at half their lifetime when that is sooner,
+	// so only a cluster whose rotations fail comes near the end. Default 2160h (90 days).
+	// +optional
+	CredentialLifetime *metav1.Duration `json:"credentialLifetime,omitempty"`
+
 	// Components is how the workers get Kueue and JobSet at kueueVersion and
 	// jobSetVersion.
 	// +optional

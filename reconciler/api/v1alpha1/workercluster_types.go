@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -22,6 +24,10 @@ const (
 	// registered, connected and configured at the current desired state. Its message is
 	// the first unmet condition's.
 	ConditionReady = "Ready"
+	// ConditionCredentialCurrent is True while the agent's credential is outside the last
+	// third of its lifetime (the hub rotates it long before); False once it is inside it
+	// (rotations have not succeeded) or past it. Unset until an agent enrolled.
+	ConditionCredentialCurrent = "CredentialCurrent"
 )
 
 // Reasons of a WorkerCluster's conditions. The package that owns the status
@@ -85,6 +91,33 @@ const (
 	// ReasonDraining (DispatchReady False): the cluster left the fleet and waits for the
 	// work placed on it to finish before it is pruned.
 	ReasonDraining = "Draining"
+	// ReasonCredentialFresh (CredentialCurrent True): the credential is outside the last
+	// third of its lifetime.
+	ReasonCredentialFresh = "Fresh"
+	// ReasonRotationFailing (CredentialCurrent False): the credential is in the last
+	// third of its lifetime and the agent has not confirmed the new one the hub sent.
+	ReasonRotationFailing = "RotationFailing"
+	// ReasonExpiresSoon (CredentialCurrent False): the credential is in the last third of
+	// its lifetime and the hub could not send a new one: the agent has not been connected.
+	ReasonExpiresSoon = "ExpiresSoon"
+	// ReasonCredentialExpired (CredentialCurrent False, Ready False): the credential's
+	// lifetime is over and the hub refuses it; the cluster needs a new enrollment token.
+	ReasonCredentialExpired = "CredentialExpired"
+	// ReasonLifetimeNotRecorded (CredentialCurrent Unknown): the credential was issued by
+	// a hub that recorded no lifetime; its lifetime starts when the agent next connects.
+	ReasonLifetimeNotRecorded = "LifetimeNotRecorded"
+)
+
+// DefaultCredentialLifetime is how long an agent credential is accepted when neither
+// fleet.yaml nor cluster.yaml says: the hub rotates it daily, so a working cluster never
+// comes near it, and a cluster whose rotations fail has a month's warning.
+const DefaultCredentialLifetime = 90 * 24 * time.Hour
+
+// Bounds of a credential lifetime in fleet.yaml and cluster.yaml: short enough that a
+// leaked credential is not good for years, long enough that rotation has room to retry.
+const (
+	MinCredentialLifetime = time.Hour
+	MaxCredentialLifetime = 366 * 24 * time.Hour
 )
 
 // Annotations the hub keeps on a WorkerCluster.
@@ -177,6 +210,13 @@ type WorkerClusterSpec struct {
 	// +optional
 	ExpectedGPUs []ExpectedGPU `json:"expectedGPUs,omitempty"`
 
+	// CredentialLifetime is how long each credential of the cluster's agent is accepted
+	// (a duration such as 720h). The hub rotates it over the tunnel long before; one
+	// that runs out is refused, and the cluster needs a new enrollment token. Unset in
+	// cluster.yaml, the hub sets fleet.yaml's; unset in both, 90 days.
+	// +optional
+	CredentialLifetime *metav1.Duration `json:"credentialLifetime,omitempty"`
+
 	// EnrollmentTokenHash is the SHA-256 of the cluster's one-shot enrollment token, set
 	// by the hub from the decrypted enrollment file; the token itself is never stored.
 	// +kubebuilder:validation:Pattern=`^sha256:[0-9a-f]{64}$`
@@ -228,6 +268,29 @@ type Enrollment struct {
 	// CredentialIssuedAt is when that credential was issued.
 	// +optional
 	CredentialIssuedAt *metav1.Time `json:"credentialIssuedAt,omitempty"`
+}
+
+// CredentialStatus is the lifetime of the agent credential in force. The hub keeps the
+// same, with the credential's hash, in the cluster's credential Secret.
+type CredentialStatus struct {
+	// IssuedAt is when the credential's lifetime began: when it was issued, or, for a
+	// credential issued before the hub recorded lifetimes, when the hub first saw its
+	// agent since (LifetimeAssumed).
+	IssuedAt metav1.Time `json:"issuedAt"`
+	// ExpiresAt is when the hub stops accepting the credential.
+	ExpiresAt metav1.Time `json:"expiresAt"`
+	// RotatedAt is when the agent last confirmed storing a credential the hub rotated
+	// over the tunnel; unset until the first rotation.
+	// +optional
+	RotatedAt *metav1.Time `json:"rotatedAt,omitempty"`
+	// RotationPendingSince is when the hub first sent the agent the new credential it
+	// has not confirmed yet; unset while no rotation waits.
+	// +optional
+	RotationPendingSince *metav1.Time `json:"rotationPendingSince,omitempty"`
+	// LifetimeAssumed: the credential was issued before the hub recorded lifetimes, and
+	// its lifetime counts from IssuedAt, the hub's first sight of it since.
+	// +optional
+	LifetimeAssumed bool `json:"lifetimeAssumed,omitempty"`
 }
 
 // AgentInfo is what the agent said of itself on its last connection.
@@ -311,6 +374,11 @@ type WorkerClusterStatus struct {
 	// +optional
 	Enrollment *Enrollment `json:"enrollment,omitempty"`
 
+	// Credential is the lifetime of the agent credential in force; unset until an agent
+	// enrolled, and for a credential of an older hub until its agent connects again.
+	// +optional
+	Credential *CredentialStatus `json:"credential,omitempty"`
+
 	// LastSeen is when the hub last heard from the agent, recorded coarsely (about once
 	// a minute while connected) so that heartbeats do not write to the API server.
 	// +optional
@@ -341,7 +409,8 @@ type WorkerClusterStatus struct {
 	// +optional
 	Components []ComponentStatus `json:"components,omitempty"`
 
-	// Conditions are Registered, Connected, WorkerConfigured and DispatchReady.
+	// Conditions are Registered, Connected, WorkerConfigured, Ready, DispatchReady and
+	// CredentialCurrent.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -363,6 +432,9 @@ type WorkerClusterStatus struct {
 // +kubebuilder:printcolumn:name="Dispatch",type=string,JSONPath=`.status.conditions[?(@.type=="DispatchReady")].status`,priority=1
 // +kubebuilder:printcolumn:name="GPUs",type=string,JSONPath=`.status.gpus[*].count`
 // +kubebuilder:printcolumn:name="Product",type=string,JSONPath=`.status.gpus[*].product`,priority=1
+// +kubebuilder:printcolumn:name="Credential Expires",type=string,JSONPath=`.status.credential.expiresAt`
+// +kubebuilder:printcolumn:name="Credential",type=string,JSONPath=`.status.conditions[?(@.type=="CredentialCurrent")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Rotated",type=date,JSONPath=`.status.credential.rotatedAt`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type WorkerCluster struct {
 	metav1.TypeMeta   `json:",inline"`
