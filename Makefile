@@ -24,18 +24,39 @@ BENCH_COUNT     ?= 6
 
 # KUBEBUILDER_ASSETS points envtest at the cached kube-apiserver and etcd, FLOTILLA_KUEUE the
 # tests' Kueue managers at the cached kueue binary (test/kueuetest), FLOTILLA_JOBSET the JobSet
-# managers behind the JobSet chart at the cached jobset binary (test/componenttest); building
-# them on a cold machine takes minutes, which is why it happens before go test starts its timeout.
+# managers behind the JobSet chart at the cached jobset binary (test/componenttest), and
+# FLOTILLA_HELM, FLOTILLA_KUBECTL and FLOTILLA_AGE_KEYGEN the commands the README's install
+# path runs (test/install); building them on a cold machine takes minutes, which is why it
+# happens before go test starts its timeout.
 TESTBIN_ENV = KUBEBUILDER_ASSETS="$$(bash test/testbin/build.sh | tail -n 1)" \
 	FLOTILLA_KUEUE="$$(bash test/testbin/kueue.sh | tail -n 1)" \
-	FLOTILLA_JOBSET="$$(bash test/testbin/jobset.sh | tail -n 1)"
+	FLOTILLA_JOBSET="$$(bash test/testbin/jobset.sh | tail -n 1)" \
+	FLOTILLA_HELM="$$(bash test/testbin/helm.sh | tail -n 1)" \
+	FLOTILLA_KUBECTL="$$(bash test/testbin/kubectl.sh | tail -n 1)" \
+	FLOTILLA_AGE_KEYGEN="$$(bash test/testbin/age-keygen.sh | tail -n 1)"
 
-.PHONY: all build test unit fuzz lint bench testbin generate clean demo
+.PHONY: all build images test unit fuzz lint bench testbin generate clean demo
 
 all: build
 
+# The four commands, not ./cmd/...: cmd/internal/imagebuild is a build tool, not a product.
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -o bin/ ./cmd/flotilla ./cmd/flotilla-hub ./cmd/flotilla-agent ./cmd/flotilla-components
+
+# The container images of the hub and the agent, built without a container engine or a base
+# image (cmd/internal/imagebuild says what they hold): bin/images/flotilla-hub-<appVersion>.tar
+# and bin/images/flotilla-agent-<appVersion>.tar, each an OCI image layout in a tar file with
+# an image index over IMAGE_PLATFORMS, tagged with the charts' appVersion. The same sources
+# give the same digests; SOURCE_DATE_EPOCH sets the creation time (else the commit's).
+# Push with the tool of your choice, for example:
+#   skopeo copy --all oci-archive:bin/images/flotilla-hub-0.1.0.tar docker://REGISTRY/flotilla-hub:0.1.0
+#   mkdir bin/images/hub && tar -xf bin/images/flotilla-hub-0.1.0.tar -C bin/images/hub
+#   crane push bin/images/hub REGISTRY/flotilla-hub:0.1.0
+#   docker load -i bin/images/flotilla-hub-0.1.0.tar   # Docker with its containerd image store
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+
+images:
+	$(GO) run ./cmd/internal/imagebuild images --go $(GO) --out bin/images --platforms $(IMAGE_PLATFORMS)
 
 test: testbin
 	$(TESTBIN_ENV) $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
@@ -67,6 +88,9 @@ testbin:
 	@bash test/testbin/build.sh >/dev/null
 	@bash test/testbin/kueue.sh >/dev/null
 	@bash test/testbin/jobset.sh >/dev/null
+	@bash test/testbin/helm.sh >/dev/null
+	@bash test/testbin/kubectl.sh >/dev/null
+	@bash test/testbin/age-keygen.sh >/dev/null
 
 # The whole flow on this machine: three control planes, a git server, the hub and two
 # agents, two clusters enrolled through merges and watched until green (see test/demo).

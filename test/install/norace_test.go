@@ -1,0 +1,5 @@
+//go:build !race
+
+package install
+
+const raceEnabled = false
