@@ -57,6 +57,10 @@ type Options struct {
 	// to be installed, as the agent installs them with their Helm charts.
 	WithoutComponentCRDs bool
 
+	// WithoutFlotillaCRDs leaves out flotilla's own CRDs: a hub cluster where the hub's
+	// chart is yet to install them.
+	WithoutFlotillaCRDs bool
+
 	// TempDir is where each plane makes its temporary directory (certificates, etcd data,
 	// wrappers). Main points it at its per-process root so that everything is removed at once;
 	// empty means os.TempDir().
@@ -118,7 +122,7 @@ func Start(ctx context.Context, n int, opts Options) ([]*ControlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting control planes: %w", err)
 	}
-	crds, err := crdPaths(ctx, root, !opts.WithoutComponentCRDs, opts.CRDDirs)
+	crds, err := crdPaths(ctx, root, !opts.WithoutComponentCRDs, !opts.WithoutFlotillaCRDs, opts.CRDDirs)
 	if err != nil {
 		return nil, fmt.Errorf("starting control planes: %w", err)
 	}
