@@ -73,30 +73,9 @@ func decodeInto(t *testing.T, doc map[string]any, out any) {
 }
 
 // grant is one thing a rule allows.
-type grant struct{ group, resource, verb, name string }
+type grant = helmtest.Grant
 
-func grants(rules []rbacv1.PolicyRule) []grant {
-	var out []grant
-	for _, r := range rules {
-		names := r.ResourceNames
-		if len(names) == 0 {
-			names = []string{"*"}
-		}
-		for _, g := range r.APIGroups {
-			for _, res := range r.Resources {
-				for _, v := range r.Verbs {
-					for _, n := range names {
-						out = append(out, grant{g, res, v, n})
-					}
-				}
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b grant) int {
-		return strings.Compare(a.group+"/"+a.resource+"/"+a.verb+"/"+a.name, b.group+"/"+b.resource+"/"+b.verb+"/"+b.name)
-	})
-	return out
-}
+var grants = helmtest.Grants
 
 // appliersRole is the ClusterRole that agent/apply documents, and tests, as what applying
 // and pruning need.
@@ -128,7 +107,7 @@ func TestChartClusterRoleIsExactlyWhatTheAgentUses(t *testing.T) {
 		t.Errorf("the chart's ClusterRole grants\n%v\nwant\n%v", got, want)
 	}
 	for _, g := range grants(role.Rules) {
-		if g.resource == "secrets" || g.verb == "*" || g.resource == "*" || g.verb == "watch" || g.verb == "update" {
+		if g.Resource == "secrets" || g.Verb == "*" || g.Resource == "*" || g.Verb == "watch" || g.Verb == "update" {
 			t.Errorf("the ClusterRole grants %+v", g)
 		}
 	}
@@ -148,10 +127,10 @@ func TestChartRoleGrantsTheCredentialSecretAndTheReadinessProbeOnly(t *testing.T
 	decodeInto(t, docs[0], &role)
 	decodeInto(t, docs[1], &binding)
 	want := []grant{
-		{"", "secrets", "create", defaultCredentialSecret},
-		{"", "secrets", "get", defaultCredentialSecret},
-		{"", "secrets", "patch", defaultCredentialSecret},
-		{"jobset.x-k8s.io", "jobsets", "create", "*"},
+		{Group: "", Resource: "secrets", Verb: "create", Name: defaultCredentialSecret},
+		{Group: "", Resource: "secrets", Verb: "get", Name: defaultCredentialSecret},
+		{Group: "", Resource: "secrets", Verb: "patch", Name: defaultCredentialSecret},
+		{Group: "jobset.x-k8s.io", Resource: "jobsets", Verb: "create", Name: "*"},
 	}
 	if got := grants(role.Rules); !slices.Equal(got, want) {
 		t.Errorf("the chart's Role grants %v, want %v", got, want)
@@ -353,7 +332,7 @@ func TestChartDispatchRoleIsExactlyTheProxysAllowlist(t *testing.T) {
 		t.Errorf("the dispatch ClusterRoleBinding binds %+v to %+v", o.binding.RoleRef, o.binding.Subjects)
 	}
 	// The agent may impersonate that one account and nothing else.
-	if got, want := grants(o.impersonate.Rules), []grant{{"", "serviceaccounts", "impersonate", proxy.DefaultServiceAccount}}; !slices.Equal(got, want) {
+	if got, want := grants(o.impersonate.Rules), []grant{{Group: "", Resource: "serviceaccounts", Verb: "impersonate", Name: proxy.DefaultServiceAccount}}; !slices.Equal(got, want) {
 		t.Errorf("the impersonation Role grants %v, want %v", got, want)
 	}
 	if o.impersonate.Namespace != "flotilla-system" || o.impersonateBinding.Namespace != "flotilla-system" ||

@@ -151,7 +151,7 @@ func TestChartComponentsRolesAreExactlyTheInstallersDocument(t *testing.T) {
 	if impersonate == nil || binding == nil {
 		t.Fatalf("no impersonation Role and binding in %s", agentNamespace)
 	}
-	if got, want := grants(impersonate.Rules), []grant{{"", "serviceaccounts", "impersonate", "flotilla-components"}}; !slices.Equal(got, want) {
+	if got, want := grants(impersonate.Rules), []grant{{Group: "", Resource: "serviceaccounts", Verb: "impersonate", Name: "flotilla-components"}}; !slices.Equal(got, want) {
 		t.Errorf("the impersonation Role grants %v, want %v", got, want)
 	}
 	if binding.RoleRef.Name != impersonate.Name || binding.RoleRef.Kind != "Role" ||
@@ -340,18 +340,18 @@ func (r *recorder) unused(rules []rbacv1.PolicyRule, namespace string) []string 
 	defer r.mu.Unlock()
 	var out []string
 	for _, g := range grants(rules) {
-		if g.verb == "escalate" || g.verb == "bind" {
+		if g.Verb == "escalate" || g.Verb == "bind" {
 			continue
 		}
 		used := false
 		for c := range r.calls {
-			if c.group == g.group && c.resource == g.resource && c.verb == g.verb && c.namespace == namespace && (g.name == "*" || g.name == c.name) {
+			if c.group == g.Group && c.resource == g.Resource && c.verb == g.Verb && c.namespace == namespace && (g.Name == "*" || g.Name == c.name) {
 				used = true
 				break
 			}
 		}
 		if !used {
-			out = append(out, fmt.Sprintf("%s %s %s/%s", g.verb, g.resource, namespace, g.name))
+			out = append(out, fmt.Sprintf("%s %s %s/%s", g.Verb, g.Resource, namespace, g.Name))
 		}
 	}
 	return out

@@ -640,30 +640,9 @@ func documentedRBAC(t *testing.T) []*unstructured.Unstructured {
 }
 
 // grant is one thing a rule allows.
-type grant struct{ group, resource, verb, name string }
+type grant = helmtest.Grant
 
-func grants(rules []rbacv1.PolicyRule) []grant {
-	var out []grant
-	for _, r := range rules {
-		names := r.ResourceNames
-		if len(names) == 0 {
-			names = []string{"*"}
-		}
-		for _, g := range r.APIGroups {
-			for _, res := range r.Resources {
-				for _, v := range r.Verbs {
-					for _, n := range names {
-						out = append(out, grant{g, res, v, n})
-					}
-				}
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b grant) int {
-		return strings.Compare(a.group+"/"+a.resource+"/"+a.verb+"/"+a.name, b.group+"/"+b.resource+"/"+b.verb+"/"+b.name)
-	})
-	return slices.Compact(out)
-}
+var grants = helmtest.Grants
 
 // RBAC.md is the one list of what the hub may do: the chart's roles grant exactly its
 // rules, in the namespaces it says, bound to the hub's ServiceAccount alone.
@@ -701,7 +680,7 @@ func TestChartRBACIsExactlyTheDocumentedRules(t *testing.T) {
 					gs := grants(rules)
 					if !dispatch {
 						// The API proxy's CA is written only with dispatch.
-						gs = slices.DeleteFunc(gs, func(g grant) bool { return g.resource == "secrets" && d.GetNamespace() == "RELEASE-NAMESPACE" })
+						gs = slices.DeleteFunc(gs, func(g grant) bool { return g.Resource == "secrets" && d.GetNamespace() == "RELEASE-NAMESPACE" })
 					}
 					want["Role/"+ns+"/"+d.GetName()] = gs
 				}

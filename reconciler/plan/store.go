@@ -98,7 +98,7 @@ func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeH
 
 func (s *Store) serve(w http.ResponseWriter, r *http.Request) {
 	commit, asJSON := strings.CutSuffix(r.PathValue("commit"), ".json")
-	if !isCommit(commit) {
+	if !IsCommit(commit) {
 		http.Error(w, "not a commit: plans are served by full 40-hex commit hash", http.StatusBadRequest)
 		return
 	}
@@ -107,6 +107,17 @@ func (s *Store) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no plan for this commit", http.StatusNotFound)
 		return
 	}
+	// The page shows file contents of a pull request, which anyone who can open one
+	// controls.
+	WritePage(w, page, p, asJSON)
+}
+
+// WritePage answers with data as indented JSON, or rendered by tmpl as HTML. The hub's
+// pages show what pull requests and agents wrote, which their authors control: on top of
+// html/template's escaping, a Content-Security-Policy lets nothing on the page run or
+// load. The answer is rendered into a buffer first, so that a failure is an error
+// status, not half a page.
+func WritePage(w http.ResponseWriter, tmpl *template.Template, data any, asJSON bool) {
 	h := w.Header()
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Cache-Control", "no-cache")
@@ -115,28 +126,25 @@ func (s *Store) serve(w http.ResponseWriter, r *http.Request) {
 	if asJSON {
 		enc := json.NewEncoder(&buf)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(p); err != nil {
-			http.Error(w, "encoding the plan failed", http.StatusInternalServerError)
+		if err := enc.Encode(data); err != nil {
+			http.Error(w, "encoding the page failed", http.StatusInternalServerError)
 			return
 		}
 		h.Set("Content-Type", "application/json")
 	} else {
-		if err := page.Execute(&buf, p); err != nil {
-			http.Error(w, "rendering the plan failed", http.StatusInternalServerError)
+		if err := tmpl.Execute(&buf, data); err != nil {
+			http.Error(w, "rendering the page failed", http.StatusInternalServerError)
 			return
 		}
 		h.Set("Content-Type", "text/html; charset=utf-8")
-		// The page shows file contents of a pull request, which anyone who can open
-		// one controls: on top of html/template's escaping, nothing on it may run or
-		// load.
 		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 	}
-	// Rendered into a buffer first, so that a failure is an error status, not half a page.
 	_, _ = w.Write(buf.Bytes())
 }
 
-// isCommit reports whether s is a full SHA-1 commit hash.
-func isCommit(s string) bool {
+// IsCommit reports whether s is a full SHA-1 commit hash, as the hub's pages are
+// addressed.
+func IsCommit(s string) bool {
 	if len(s) != 40 {
 		return false
 	}

@@ -11,6 +11,7 @@ package helmtest
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"os"
 	"path"
@@ -25,6 +26,7 @@ import (
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"helm.sh/helm/v4/pkg/engine"
 	releaseutil "helm.sh/helm/v4/pkg/release/v1/util"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
@@ -234,4 +236,33 @@ func Lint(dir, namespace string, values map[string]any) []string {
 		out = append(out, fmt.Sprintf("%s: no chart was linted", dir))
 	}
 	return out
+}
+
+// Grant is one thing an RBAC rule allows: a verb on a resource of an API group, on the
+// object of that name ("*" for any).
+type Grant struct{ Group, Resource, Verb, Name string }
+
+// Grants flattens rules into what they allow, sorted and without repeats, so that two
+// sets of rules written differently compare equal when they allow the same.
+func Grants(rules []rbacv1.PolicyRule) []Grant {
+	var out []Grant
+	for _, r := range rules {
+		names := r.ResourceNames
+		if len(names) == 0 {
+			names = []string{"*"}
+		}
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					for _, n := range names {
+						out = append(out, Grant{g, res, v, n})
+					}
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Grant) int {
+		return cmp.Or(strings.Compare(a.Group, b.Group), strings.Compare(a.Resource, b.Resource), strings.Compare(a.Verb, b.Verb), strings.Compare(a.Name, b.Name))
+	})
+	return slices.Compact(out)
 }
