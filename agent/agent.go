@@ -360,12 +360,18 @@ func (a *Agent) serve(ctx context.Context, ws *websocket.Conn, version int) erro
 		_ = ws.Close()
 		return err
 	}
-	defer t.Close()
 	stream, err := t.OpenStream()
 	if err != nil {
+		_ = t.Close()
 		return fmt.Errorf("opening the control stream: %w", err)
 	}
-	a.serveStreams(t, version)
+	streamsDone := a.serveStreams(t, version)
+	// Nothing of this tunnel outlives serve: its streams end with it, and so do the
+	// goroutines that accept and refuse them (and log while they do).
+	defer func() {
+		_ = t.Close()
+		streamsDone()
+	}()
 	conn := protocol.NewConn(stream)
 	conn.SetVersion(version)
 	a.mu.Lock()
@@ -407,8 +413,10 @@ const streamKindTimeout = 10 * time.Second
 // serveStreams accepts the streams the hub opens until the tunnel closes. Proxy streams
 // go to an http.Server of this tunnel when the agent has a proxy and the hub negotiated
 // a version that has them; every other stream is closed at once rather than left to
-// queue in the multiplexer.
-func (a *Agent) serveStreams(t *protocol.Tunnel, version int) {
+// queue in the multiplexer. The returned function waits, once the tunnel is closed, for
+// everything serveStreams started.
+func (a *Agent) serveStreams(t *protocol.Tunnel, version int) (wait func()) {
+	var wg sync.WaitGroup
 	var ln *proxy.Listener
 	why := "dispatch is turned off in this agent"
 	switch {
@@ -417,12 +425,12 @@ func (a *Agent) serveStreams(t *protocol.Tunnel, version int) {
 	case a.opts.Proxy != nil:
 		ln = proxy.NewListener(a.opts.MaxProxyStreams)
 		srv := proxy.NewServer(a.opts.Proxy, a.opts.Log)
-		go func() { _ = srv.Serve(ln) }()
+		wg.Go(func() { _ = srv.Serve(ln) })
 		// The server and its connections end with the tunnel; Close, not Shutdown:
 		// their streams are gone with it.
-		go func() { <-t.CloseChan(); _ = srv.Close() }()
+		wg.Go(func() { <-t.CloseChan(); _ = srv.Close() })
 	}
-	go func() {
+	wg.Go(func() {
 		for {
 			st, err := t.AcceptStream()
 			if err != nil {
@@ -432,9 +440,10 @@ func (a *Agent) serveStreams(t *protocol.Tunnel, version int) {
 				a.refuseStream(st, why, "protocol", version)
 				continue
 			}
-			go a.routeStream(st, ln)
+			wg.Go(func() { a.routeStream(st, ln) })
 		}
-	}()
+	})
+	return wg.Wait
 }
 
 // routeStream reads a stream's kind and hands a proxy stream to ln.
