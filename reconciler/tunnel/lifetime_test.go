@@ -290,7 +290,7 @@ func TestAnExpiredCredentialIsRefusedAndBothSidesSaySoInTheirLogs(t *testing.T) 
 	}
 	// Away past its end.
 	clk.advance(lifetime / 3)
-	wc = c.credentialIs(t, v1alpha1.ReasonCredentialExpired)
+	c.credentialIs(t, v1alpha1.ReasonCredentialExpired)
 
 	// Back, with the credential it holds: refused, and each side says why.
 	ra = startAgent(t, h, c, &clk)
