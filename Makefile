@@ -82,6 +82,9 @@ bench: testbin
 	# the proxy's overhead, with the real Kueue managers; each sets up its own world once.
 	$(TESTBIN_ENV) $(GO) test -run '^$$' -bench 'IdleWorker|HubMemory' -benchtime 1x ./reconciler/tunnel/ | tee -a bin/bench.txt
 	$(TESTBIN_ENV) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 20m ./test/dispatch/ | tee -a bin/bench.txt
+	# The hub at 1, 1,000 and 10,000 clusters: push to success side by side, a fleet-wide
+	# change and a cold start. One fleet of each size, set up once (minutes at 10,000).
+	$(TESTBIN_ENV) $(GO) test -run '^$$' -bench Hub -benchtime 1x -timeout 3h ./test/scale/ | tee -a bin/bench.txt
 	$(GO) run $(BENCHSTAT) bin/bench.txt
 
 testbin:

@@ -28,6 +28,13 @@ type Changes struct {
 	// "clusters/gpu-a"), never deeper. A path that was removed or renamed away is
 	// among them.
 	Paths []string
+	// Commits are the commits of a push of several, newest first, each with the paths
+	// it changed, for attributing each change to the newest commit that made it: set
+	// when the head descends from the last reconciled commit through more than one
+	// commit (within PushDepth), nil otherwise, when every change is the head's. A
+	// change in Paths that no commit names (one whose parents the copy does not hold)
+	// is the head's.
+	Commits []PushedCommit
 
 	// st, old and new are the compared trees, for FirstChange.
 	st       *store

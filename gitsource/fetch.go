@@ -72,6 +72,13 @@ func (ss *session) fetch(ctx context.Context, st *store, want plumbing.Hash, dep
 	if st.have(want) {
 		return nil
 	}
+	return ss.deepen(ctx, st, want, depth, b)
+}
+
+// deepen fetches want with depth commits of history into st as fetch does, st holding
+// want already or not: the server sends the history below st's shallow boundary that
+// the new depth takes in.
+func (ss *session) deepen(ctx context.Context, st *store, want plumbing.Hash, depth int, b budget) error {
 	req := packp.NewUploadPackRequestFromCapabilities(ss.adv.Capabilities)
 	for _, c := range []capability.Capability{capability.ThinPack, capability.Shallow} {
 		if err := req.Capabilities.Set(c); err != nil {

@@ -198,6 +198,7 @@ func (s *Source) fetch(ctx context.Context, keep plumbing.Hash) (*Snapshot, erro
 		return nil, err
 	}
 	tracking := s.trackingRef()
+	deepened := false
 	if remote != s.branch.refs[tracking] {
 		if be := s.branchRefused; be != nil && be.Commit == remote {
 			// Over the budget it stays: fetching it again would bring as much again.
@@ -213,10 +214,19 @@ func (s *Source) fetch(ctx context.Context, keep plumbing.Hash) (*Snapshot, erro
 			}
 			return nil, s.wrap("fetching", err)
 		}
+		if deepened, err = s.reach(ctx, remote, keep); err != nil {
+			return nil, err
+		}
 		s.branch.refs[tracking] = remote
 	}
 	if s.branch.grown() {
-		pruned, err := s.branch.pruned(func(n plumbing.ReferenceName) bool { return n == tracking }, []plumbing.Hash{remote, keep}, 1)
+		// A deepened copy keeps its history until Update has told the push's commits
+		// apart; the next fetch releases it.
+		depth := 1
+		if deepened {
+			depth = PushDepth + 1
+		}
+		pruned, err := s.branch.pruned(func(n plumbing.ReferenceName) bool { return n == tracking }, []plumbing.Hash{remote, keep}, depth)
 		if err != nil {
 			return nil, err
 		}
@@ -281,24 +291,54 @@ func (s *Source) Update(ctx context.Context, last plumbing.Hash) (*Snapshot, Cha
 	if err != nil {
 		return nil, Changes{}, err
 	}
-	if !descends(snap, last) {
+	h, err := pushHistory(s.branch, snap.Commit, last)
+	if err != nil {
+		return nil, Changes{}, err
+	}
+	if !h.found {
 		// A rewritten history may have come with changes the trees alone do not show to
 		// a reader of statuses, such as commits that vanished: read everything again.
-		ch = Changes{All: true, Reason: "the new head does not descend from the last reconciled commit"}
+		// So is a push of more than PushDepth commits: a full re-read is always
+		// correct, only slower.
+		return snap, Changes{All: true, Reason: fmt.Sprintf("the new head does not descend from the last reconciled commit within %d commits", PushDepth)}, nil
+	}
+	if ch.Commits, err = pushedCommits(ctx, s.branch, h); err != nil {
+		return nil, Changes{}, err
 	}
 	return snap, ch, nil
 }
 
-// descends reports whether last is a parent of the new head. The copy is shallow, so
-// anything further back is unknown and treated as a rewrite: a full re-read is always
-// correct, only slower.
-func descends(snap *Snapshot, last plumbing.Hash) bool {
-	for _, p := range snap.Parents {
-		if p == last {
-			return true
-		}
+// reach deepens the copy below head, in deepenSteps, until it holds the commits from
+// last to head, and reports whether it fetched anything. A deepening over the branch's
+// budget, or refused, leaves the push to be compared as a whole.
+func (s *Source) reach(ctx context.Context, head, last plumbing.Hash) (bool, error) {
+	if last.IsZero() || !s.branch.have(last) {
+		return false, nil
 	}
-	return false
+	deepened := false
+	for _, depth := range deepenSteps {
+		h, err := pushHistory(s.branch, head, last)
+		if err != nil {
+			return deepened, err
+		}
+		if h.found || h.truncated {
+			return deepened, nil
+		}
+		ss, err := s.open(ctx)
+		if err != nil {
+			return deepened, err
+		}
+		err = ss.deepen(ctx, s.branch, head, depth, budget{Limits: s.opts.BranchLimits, scope: "branch " + s.opts.Branch, per: "fetch of the branch", depth: depth})
+		ss.Close()
+		if err != nil {
+			if ctx.Err() != nil {
+				return deepened, ctx.Err()
+			}
+			return deepened, nil
+		}
+		deepened = true
+	}
+	return deepened, nil
 }
 
 func (s *Source) wrap(op string, err error) error {

@@ -118,7 +118,7 @@ func TestUpdateNamesTheChangedPaths(t *testing.T) {
 		}, paths: []string{".sops.yaml"}, all: true, reason: ".sops.yaml changed"},
 		{name: "a force-push", commit: func() string {
 			return repo.Rewrite("main", "rewritten", map[string][]byte{clusterFile("gpu-d"): withName("gpu-d")})
-		}, all: true, reason: "the new head does not descend from the last reconciled commit"},
+		}, all: true, reason: "the new head does not descend from the last reconciled commit within 50 commits"},
 	} {
 		t.Run(step.name, func(t *testing.T) {
 			head := step.commit()
@@ -142,6 +142,78 @@ func TestUpdateNamesTheChangedPaths(t *testing.T) {
 	snap, ch, err := s.Update(t.Context(), last)
 	if err != nil || !ch.Empty() || snap.Commit != last {
 		t.Fatalf("an update without a new commit gave %+v at %v (%v)", ch, snap, err)
+	}
+}
+
+// A push of several commits is told apart, commit by commit, newest first, so that the
+// hub puts each cluster's status on the newest commit that touched it: a merge names
+// only what it changed itself, and a push too long to tell apart is read whole.
+func TestUpdateTellsAPushsCommitsApart(t *testing.T) {
+	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+	s := newSource(t, repo.URL())
+	first, _, err := s.Update(t.Context(), plumbing.ZeroHash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := first.Commit
+	file := func(name, text string) map[string][]byte {
+		return map[string][]byte{"clusters/" + name + "/notes.txt": []byte(text + "\n")}
+	}
+	type commit struct {
+		hash  string
+		paths []string
+	}
+	for _, tc := range []struct {
+		name string
+		push func() []commit
+		// all says the push is read whole, as one change.
+		all bool
+	}{
+		{name: "one commit is the head's alone", push: func() []commit {
+			repo.Commit("main", "a", file("gpu-a", "1"))
+			return nil
+		}},
+		{name: "three commits, one cluster touched twice", push: func() []commit {
+			c1 := repo.Commit("main", "a", file("gpu-a", "2"))
+			c2 := repo.Commit("main", "b", file("gpu-b", "1"))
+			c3 := repo.Commit("main", "a again", file("gpu-a", "3"))
+			return []commit{{c3, []string{"clusters/gpu-a"}}, {c2, []string{"clusters/gpu-b"}}, {c1, []string{"clusters/gpu-a"}}}
+		}},
+		{name: "a merge names what it changed itself, its branch's commits theirs", push: func() []commit {
+			repo.Branch("main", "feature")
+			f := repo.Commit("feature", "c", file("gpu-c", "1"))
+			m1 := repo.Commit("main", "d", file("gpu-d", "1"))
+			merge := repo.Merge("main", "feature", "merge feature")
+			return []commit{{merge, nil}, {m1, []string{"clusters/gpu-d"}}, {f, []string{"clusters/gpu-c"}}}
+		}},
+		{name: "more commits than PushDepth", all: true, push: func() []commit {
+			for i := range gitsource.PushDepth + 1 {
+				repo.Commit("main", "step", file("gpu-e", fmt.Sprint(i)))
+			}
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := tc.push()
+			snap, ch, err := s.Update(t.Context(), last)
+			if err != nil {
+				t.Fatal(err)
+			}
+			last = snap.Commit
+			if ch.All != tc.all {
+				t.Fatalf("read whole: %v (%s), want %v", ch.All, ch.Reason, tc.all)
+			}
+			var got []commit
+			for _, c := range ch.Commits {
+				if c.All {
+					t.Fatalf("commit %s read whole", c.Hash)
+				}
+				got = append(got, commit{c.Hash.String(), c.Paths})
+			}
+			if !slices.EqualFunc(got, want, func(a, b commit) bool { return a.hash == b.hash && slices.Equal(a.paths, b.paths) }) {
+				t.Fatalf("commits %v, want %v", got, want)
+			}
+		})
 	}
 }
 

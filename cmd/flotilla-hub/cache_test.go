@@ -18,6 +18,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/hubcache"
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
 )
 
@@ -91,7 +92,7 @@ func TestClustersAreCountedFromTheCacheWithoutARequestPerScrape(t *testing.T) {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cached, err := startCache(cctx, cfg, scheme, []string{ns.Name})
+	cached, err := hubcache.Start(cctx, cfg, scheme, []string{ns.Name})
 	if err != nil {
 		t.Fatal(err)
 	}

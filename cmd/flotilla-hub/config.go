@@ -113,6 +113,14 @@ type Config struct {
 			} `yaml:"openPullRequests"`
 		} `yaml:"fetch"`
 	} `yaml:"heads"`
+	// Statuses are defaults for every source's commit statuses.
+	Statuses struct {
+		// SummaryThreshold is how many clusters a change may touch and still get a
+		// commit status per cluster; a change to more gets them only for the clusters
+		// that fail, beside the fleet's summary and its page. Zero or unset: 50;
+		// negative: never summarize. A source's own setting wins.
+		SummaryThreshold int `yaml:"summaryThreshold"`
+	} `yaml:"statuses"`
 	Sources []SourceConfig `yaml:"sources"`
 }
 
@@ -153,6 +161,9 @@ type SourceConfig struct {
 		AppID          int64  `yaml:"appID"`
 		InstallationID int64  `yaml:"installationID"`
 		PrivateKeyFile string `yaml:"privateKeyFile"`
+		// SummaryThreshold overrides the top-level statuses.summaryThreshold for this
+		// source; zero or unset keeps it.
+		SummaryThreshold int `yaml:"summaryThreshold"`
 	} `yaml:"statuses"`
 }
 

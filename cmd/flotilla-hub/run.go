@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -35,6 +36,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/hub"
+	"github.com/flotilla-gitops/flotilla/reconciler/hubcache"
 	"github.com/flotilla-gitops/flotilla/reconciler/leader"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
@@ -82,7 +84,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	for _, s := range cfg.Sources {
 		namespaces = append(namespaces, s.Namespace)
 	}
-	cached, err := startCache(ctx, rc, scheme, namespaces)
+	cached, err := hubcache.Start(ctx, rc, scheme, namespaces)
 	if err != nil {
 		return fmt.Errorf("the hub cluster: %w", err)
 	}
@@ -102,7 +104,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 	// The tunnel and the hub's reconciler both learn facts about the clusters; one
 	// writer turns them into the WorkerClusters' status.
-	status := conditions.NewWriter(c)
+	status := conditions.NewWriterWith(c, conditions.WriterOptions{Reader: cached})
 	tun, err := tunnel.New(tunnel.Options{Client: c, Reader: cached, IdentityIndexed: true, Status: status, Liveness: live, AllowInsecureLoopback: cfg.AllowInsecureLoopback, Log: log})
 	if err != nil {
 		return err
@@ -115,7 +117,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		}
 		dispatcher = disp.dispatcher
 	}
-	h, err := hub.New(hub.Options{Client: c, Dispatch: dispatcher, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Tunnel: tun, Status: status, Log: log,
+	h, err := hub.New(hub.Options{Client: c, Reader: cached, Dispatch: dispatcher, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Tunnel: tun, Status: status, Log: log,
 		OnSync: m.observeSync, OnFetch: m.observeFetch, OnReconcile: m.observeReconcile,
 		Plans: plans, PublicURL: cfg.PublicURL, PlanTimeout: time.Duration(cfg.Plans.Timeout), PlanWorkers: cfg.Plans.Workers, MaxPlannedClusters: cfg.Plans.MaxRenderedClusters,
 		Budget: fleet.Budget{MaxBytes: cfg.Heads.MaxBytes, MaxFiles: cfg.Heads.MaxFiles, MaxDepth: cfg.Heads.MaxDepth}})
@@ -156,6 +158,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle(plan.PathPrefix, plans)
+	mux.Handle(hub.CommitsPathPrefix, h.CommitPages())
 	// Requests here are small and answered at once: a client that trickles its request
 	// in, or holds an idle connection, is cut off. Webhook bodies are read whole before
 	// their signature can be checked, so reading them is bounded in time too.
@@ -269,10 +272,13 @@ func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m 
 	// The forge, when it can say, names the open pull requests; closed ones keep
 	// their refs forever.
 	lister, _ := backend.(commitstatus.PullRequestLister)
+	limits, _ := backend.(commitstatus.Limited)
 	if backend != nil {
 		backend = m.countStatuses(sc.Name, backend)
 	}
-	return h.AddSource(hub.SourceOptions{Name: sc.Name, Git: opts, Tenant: sc.Tenant, Namespace: sc.Namespace, Statuses: backend, Poll: time.Duration(sc.Poll), PullRequests: lister})
+	threshold := cmp.Or(sc.Statuses.SummaryThreshold, cfg.Statuses.SummaryThreshold)
+	return h.AddSource(hub.SourceOptions{Name: sc.Name, Git: opts, Tenant: sc.Tenant, Namespace: sc.Namespace, Statuses: backend, Limits: limits,
+		SummaryThreshold: threshold, Poll: time.Duration(sc.Poll), PullRequests: lister})
 }
 
 func statusBackend(ctx context.Context, sc SourceConfig, git gitsource.Options) (commitstatus.Backend, error) {

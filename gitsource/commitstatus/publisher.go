@@ -9,42 +9,78 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/lru"
 )
 
 // PublisherOptions tune a Publisher; the zero value is usable.
 type PublisherOptions struct {
-	// Backoff between attempts on a retryable failure; its Steps bound the attempts.
-	// Defaults to 5 attempts from 500ms, doubling, with jitter.
+	// Backoff between attempts on a retryable failure without a wait the forge asked
+	// for; its Steps bound the attempts. Defaults to 5 attempts from 500ms, doubling,
+	// with jitter.
 	Backoff wait.Backoff
-	// MaxWait bounds a single wait a forge asks for with Retry-After; a longer one
-	// fails the attempt instead of stalling the hub. Defaults to one minute.
+	// MaxWait bounds a single wait a forge asks for (Retry-After, a rate limit's reset)
+	// in Publish: a longer one fails the call instead of stalling its caller. Defaults
+	// to one minute.
 	MaxWait time.Duration
+	// MaxPause bounds the same wait for the statuses queued with Submit, which nobody
+	// waits for: the queue pauses as long as the forge asks, up to this, and a status
+	// the forge would keep refusing longer is given up. Defaults to an hour, GitHub's
+	// rate-limit window.
+	MaxPause time.Duration
 	// Commits is how many commits' latest statuses are remembered. Default 1024.
 	Commits int
-	Log     *slog.Logger
+	// Limits reads the forge's limits; defaults to the backend when it is Limited. A
+	// backend wrapped for metrics passes its own here.
+	Limits Limited
+	// Rate is how many requests a second go to a forge that states no budget, until it
+	// refuses one (see pacer); zero for no limit.
+	Rate float64
+	// Reserve is the share of a stated budget kept for the Urgent lane. Default 0.05.
+	Reserve float64
+	// UrgentWorkers and BulkWorkers are how many queued statuses of each lane are
+	// posted at once. Default 2 each.
+	UrgentWorkers, BulkWorkers int
+	// MaxQueued bounds the statuses waiting to be posted; past it the oldest Bulk one
+	// is dropped (its cluster posts again on its next change). Default 100,000.
+	MaxQueued int
+	// Clock defaults to the real one.
+	Clock clock.Clock
+	Log   *slog.Logger
 }
 
 // Publisher posts statuses through a Backend only when they differ from the newest one
 // the backend holds for that context, so a status posted before a hub restart is not
-// posted again, and a steady cluster costs no requests.
+// posted again, and a steady cluster costs no requests. Every request it sends waits
+// its turn within the forge's limits (see Lane and pacer).
+//
+// Publish posts at once and returns when done. Submit queues a status for the workers
+// Run starts, and returns at once: a hub's reconcile never waits for a forge, and of
+// several statuses of one context on one commit queued before a worker got to them,
+// only the newest is posted.
 type Publisher struct {
 	backend Backend
 	opts    PublisherOptions
+	pacer   *pacer
+	queue   *queue
 
 	mu sync.Mutex
 	// commits maps a commit to its *commitState.
 	commits *lru.Cache
-	// locks serializes work on one commit, so two reconciles of the same commit do not
-	// both read, both see a change and both post.
-	locks keyedMutex
+	// keys serializes the posts of one context on one commit, so that two callers do
+	// not both read, both see a change and both post; loads serializes the reading of
+	// one commit's statuses.
+	keys, loads keyedMutex
 }
 
 type commitState struct {
+	mu     sync.Mutex
 	latest map[string]Status
 	// posted counts this process's posts per context, on top of what the backend held
 	// when it was read; see MaxPerContext.
 	posted map[string]int
+	// at is when each context was last posted by this process.
+	at map[string]time.Time
 }
 
 // NewPublisher publishes through b.
@@ -55,60 +91,122 @@ func NewPublisher(b Backend, opts PublisherOptions) *Publisher {
 	if opts.MaxWait == 0 {
 		opts.MaxWait = time.Minute
 	}
+	if opts.MaxPause == 0 {
+		opts.MaxPause = time.Hour
+	}
 	if opts.Commits <= 0 {
 		opts.Commits = 1024
+	}
+	if opts.Reserve <= 0 || opts.Reserve >= 1 {
+		opts.Reserve = 0.05
+	}
+	if opts.UrgentWorkers <= 0 {
+		opts.UrgentWorkers = 2
+	}
+	if opts.BulkWorkers <= 0 {
+		opts.BulkWorkers = 2
+	}
+	if opts.MaxQueued <= 0 {
+		opts.MaxQueued = 100_000
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Publisher{backend: b, opts: opts, commits: lru.New(opts.Commits)}
+	if opts.Limits == nil {
+		opts.Limits, _ = b.(Limited)
+	}
+	p := &Publisher{backend: b, opts: opts, commits: lru.New(opts.Commits), pacer: newPacer(opts.Clock, opts.Reserve, opts.Rate)}
+	p.queue = newQueue(p, opts.MaxQueued)
+	p.pacer.setLimits(p.limits())
+	return p
+}
+
+func (p *Publisher) limits() Limits {
+	if p.opts.Limits == nil {
+		return Limits{}
+	}
+	return p.opts.Limits.Limits()
+}
+
+func check(commit string, st Status) error {
+	if !st.State.Valid() {
+		return fmt.Errorf("status: %s on %s: invalid state %q", st.Context, commit, st.State)
+	}
+	if st.Context == "" {
+		return fmt.Errorf("status: on %s: empty context", commit)
+	}
+	return nil
 }
 
 // Publish makes st the newest status of its context on commit, posting it only when
-// state, description or target URL differ from what the backend holds. It reports
-// whether it posted.
+// state, description or target URL differ from what the backend holds, in the Urgent
+// lane. It reports whether it posted.
 func (p *Publisher) Publish(ctx context.Context, commit string, st Status) (bool, error) {
-	if !st.State.Valid() {
-		return false, fmt.Errorf("status: %s on %s: invalid state %q", st.Context, commit, st.State)
-	}
-	if st.Context == "" {
-		return false, fmt.Errorf("status: on %s: empty context", commit)
+	if err := check(commit, st); err != nil {
+		return false, err
 	}
 	st = p.backend.Canonical(st)
-
-	unlock := p.locks.lock(commit)
+	unlock := p.keys.lock(commit + "\x00" + st.Context)
 	defer unlock()
-	cs, err := p.state(ctx, commit)
+	return p.deliver(ctx, commit, st, Submission{Lane: Urgent}, p.opts.MaxWait, nil)
+}
+
+// deliver posts st, canonical, on commit unless the backend holds it already, or sub
+// says not to. stale, when set, tells that a newer status of the context was queued
+// meanwhile: no attempt is made then. The caller holds the context's key lock.
+func (p *Publisher) deliver(ctx context.Context, commit string, st Status, sub Submission, maxWait time.Duration, stale func() bool) (bool, error) {
+	cs, err := p.state(ctx, commit, maxWait)
 	if err != nil {
 		return false, err
 	}
-	if cur, ok := cs.latest[st.Context]; ok && cur == st {
+	cs.mu.Lock()
+	cur, held := cs.latest[st.Context]
+	n := cs.posted[st.Context]
+	cs.mu.Unlock()
+	if held && cur == st {
 		return false, nil
 	}
-	if cs.posted[st.Context] >= MaxPerContext {
+	if sub.FailuresOnly && !held && !st.State.failing() {
+		return false, nil
+	}
+	if n >= MaxPerContext {
 		return false, fmt.Errorf("%w: %s on %s", ErrCapReached, st.Context, commit)
 	}
-	if err := p.set(ctx, commit, st); err != nil {
+	err = p.request(ctx, sub.Lane, true, maxWait, stale, func(ctx context.Context) error { return p.backend.Set(ctx, commit, st) })
+	if errors.Is(err, errSuperseded) {
+		return false, nil
+	}
+	if err != nil {
 		if errors.Is(err, ErrCapReached) {
 			// The forge counted more than this process did (earlier runs): stop asking.
+			cs.mu.Lock()
 			cs.posted[st.Context] = MaxPerContext
+			cs.mu.Unlock()
 		}
-		return false, err
+		return false, fmt.Errorf("status: setting %s on %s: %w", st.Context, commit, err)
 	}
+	cs.mu.Lock()
 	cs.latest[st.Context] = st
 	cs.posted[st.Context]++
+	cs.at[st.Context] = p.opts.Clock.Now()
+	cs.mu.Unlock()
 	return true, nil
 }
+
+func (s State) failing() bool { return s == Failure || s == Error }
 
 // Latest is the backend's newest status per context on commit, as the Publisher last
 // read or wrote it.
 func (p *Publisher) Latest(ctx context.Context, commit string) (map[string]Status, error) {
-	unlock := p.locks.lock(commit)
-	defer unlock()
-	cs, err := p.state(ctx, commit)
+	cs, err := p.state(ctx, commit, p.opts.MaxWait)
 	if err != nil {
 		return nil, err
 	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
 	out := make(map[string]Status, len(cs.latest))
 	for k, v := range cs.latest {
 		out[k] = v
@@ -116,15 +214,29 @@ func (p *Publisher) Latest(ctx context.Context, commit string) (map[string]Statu
 	return out, nil
 }
 
-func (p *Publisher) state(ctx context.Context, commit string) (*commitState, error) {
+func (p *Publisher) cached(commit string) *commitState {
 	p.mu.Lock()
-	v, ok := p.commits.Get(commit)
-	p.mu.Unlock()
-	if ok {
-		return v.(*commitState), nil
+	defer p.mu.Unlock()
+	if v, ok := p.commits.Get(commit); ok {
+		return v.(*commitState)
+	}
+	return nil
+}
+
+// state is what the backend holds on commit, read once, waiting for the forge at most
+// maxWait. The read goes in the Urgent lane: it serves every status of the commit,
+// whichever lane it is in.
+func (p *Publisher) state(ctx context.Context, commit string, maxWait time.Duration) (*commitState, error) {
+	if cs := p.cached(commit); cs != nil {
+		return cs, nil
+	}
+	unlock := p.loads.lock(commit)
+	defer unlock()
+	if cs := p.cached(commit); cs != nil {
+		return cs, nil
 	}
 	var latest map[string]Status
-	err := p.retry(ctx, func() error {
+	err := p.request(ctx, Urgent, false, maxWait, nil, func(ctx context.Context) error {
 		var err error
 		latest, err = p.backend.Latest(ctx, commit)
 		return err
@@ -132,7 +244,7 @@ func (p *Publisher) state(ctx context.Context, commit string) (*commitState, err
 	if err != nil {
 		return nil, fmt.Errorf("status: reading statuses of %s: %w", commit, err)
 	}
-	cs := &commitState{latest: make(map[string]Status, len(latest)), posted: map[string]int{}}
+	cs := &commitState{latest: make(map[string]Status, len(latest)), posted: map[string]int{}, at: map[string]time.Time{}}
 	for k, v := range latest {
 		cs.latest[k] = p.backend.Canonical(v)
 	}
@@ -142,41 +254,60 @@ func (p *Publisher) state(ctx context.Context, commit string) (*commitState, err
 	return cs, nil
 }
 
-func (p *Publisher) set(ctx context.Context, commit string, st Status) error {
-	err := p.retry(ctx, func() error { return p.backend.Set(ctx, commit, st) })
-	if err != nil {
-		return fmt.Errorf("status: setting %s on %s: %w", st.Context, commit, err)
-	}
-	return nil
-}
+// errSuperseded ends the attempts at a status a newer one replaced.
+var errSuperseded = errors.New("status: superseded by a newer one")
 
-// retry runs op until it succeeds, fails for good, or the backoff's steps run out. A
-// wait the forge asks for replaces the backoff's own when it is longer.
-func (p *Publisher) retry(ctx context.Context, op func() error) error {
+// maxRefusals bounds how often one request is refused for a rate limit before it is
+// given up: each refusal waits as the forge asks, so this only ends a forge that keeps
+// asking.
+const maxRefusals = 10
+
+// request sends op when the pacer lets it go, until it succeeds, fails for good, or
+// its attempts run out. A forge that refuses it for a rate limit pauses every lane for
+// as long as it asks, up to maxWait, without spending the backoff's attempts; other
+// retryable failures wait the backoff's steps.
+func (p *Publisher) request(ctx context.Context, lane Lane, write bool, maxWait time.Duration, stale func() bool, op func(context.Context) error) error {
 	b := p.opts.Backoff
+	refusals := 0
 	for {
-		err := op()
+		if stale != nil && stale() {
+			return errSuperseded
+		}
+		sent, err := p.pacer.wait(ctx, lane, write, maxWait)
+		if err != nil {
+			return err
+		}
+		err = op(ctx)
+		limits := p.limits()
+		p.pacer.done(limits)
 		var re *RetryableError
 		if err == nil || !errors.As(err, &re) {
 			return err
+		}
+		if re.After > 0 {
+			// Whoever asks next would be refused too: every lane waits, as long as the
+			// forge asked and at most MaxPause.
+			p.pacer.refused(min(re.After, p.opts.MaxPause), limits, sent)
+			if re.After > maxWait {
+				return fmt.Errorf("%w; the forge asked to wait %s, more than %s", err, re.After, maxWait)
+			}
+			if refusals++; refusals >= maxRefusals {
+				return fmt.Errorf("%w; refused %d times", err, refusals)
+			}
+			p.opts.Log.InfoContext(ctx, "the forge asked to wait; every commit status waits", "lane", lane, "error", err, "wait", re.After)
+			continue
 		}
 		if b.Steps <= 1 {
 			return err
 		}
 		d := b.Step()
-		if re.After > p.opts.MaxWait {
-			return fmt.Errorf("%w; the forge asked to wait %s, more than %s", err, re.After, p.opts.MaxWait)
-		}
-		if re.After > d {
-			d = re.After
-		}
-		p.opts.Log.InfoContext(ctx, "commit status request failed; retrying", "error", err, "wait", d)
-		t := time.NewTimer(d)
+		p.opts.Log.InfoContext(ctx, "commit status request failed; retrying", "lane", lane, "error", err, "wait", d)
+		t := p.opts.Clock.NewTimer(d)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return errors.Join(err, ctx.Err())
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }

@@ -3,6 +3,13 @@
 // notes in the fleet repository itself. Backends translate; the Publisher in this package decides
 // when to post, so every backend posts only on change, cuts descriptions the same way,
 // retries the same way and stops at the same cap.
+//
+// The Publisher also keeps within each forge's rate limits: backends report what the
+// forge states of its budget (Limited, QuotaTracker), and every request waits its turn in
+// one of two lanes (pacer.go), so that the statuses of a fleet-wide change are spread over
+// the budget and never delay those of a single one. Submit queues a status and returns at
+// once (queue.go); of the statuses of one context on one commit queued meanwhile, only
+// the newest is posted.
 package commitstatus
 
 import (

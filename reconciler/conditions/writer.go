@@ -2,11 +2,14 @@ package conditions
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -16,19 +19,58 @@ import (
 // Writer writes WorkerClusters' status: it records facts, derives the conditions and
 // patches the status subresource, and tells those who asked which statuses changed.
 // It is safe for concurrent use.
+//
+// With a Reader (the hub's informer cache), a record starts from the cached
+// WorkerCluster, so that a fact that changes nothing costs the hub cluster no request
+// at all. The cache may be behind the Writer's own last write: a record started from
+// it would derive from a status gone by, and skip the write that a revert needs. The
+// Writer writes every status, and learns of every other write of the WorkerClusters
+// the hub makes (Observe), so it knows what a cache that caught up shows: per
+// WorkerCluster, a digest of it as last stored, and for a short while the stored copy
+// itself. A record starts from the cached copy when it is that one, from the stored
+// copy while the cache catches up, and reads the API server otherwise (a hand's edit
+// since, or a copy forgotten). A write that conflicts is retried on the API server's
+// copy.
 type Writer struct {
 	client client.Client
+	reader client.Reader
 	now    func() time.Time
 
 	mu      sync.Mutex
 	changed []func(client.ObjectKey)
+	// known is each WorkerCluster as last stored: one small entry per WorkerCluster,
+	// dropped with it.
+	known map[client.ObjectKey]*stored
+	// young are the entries that hold a copy, oldest first, for dropping the copies.
+	young []youngCopy
 }
+
+// stored is what the Writer knows of a WorkerCluster as the API server last stored it.
+type stored struct {
+	digest uint64
+	// copy is the WorkerCluster, kept until the cache shows it, or keepCopy has passed.
+	copy *v1alpha1.WorkerCluster
+	at   time.Time
+}
+
+type youngCopy struct {
+	key client.ObjectKey
+	at  time.Time
+}
+
+// keepCopy is how long the Writer keeps a stored copy for a cache that has not caught
+// up with it: an informer is milliseconds behind, and one further behind is read
+// through.
+const keepCopy = 30 * time.Second
 
 // WriterOptions configure a Writer.
 type WriterOptions struct {
 	// Now is the time conditions are judged at: a credential's lifetime runs out by it.
 	// Defaults to time.Now.
 	Now func() time.Time
+	// Reader, when set, is where a record first reads the WorkerCluster: an informer
+	// cache of them. Nil reads the client.
+	Reader client.Reader
 }
 
 // NewWriter writes through c.
@@ -39,7 +81,7 @@ func NewWriterWith(c client.Client, opts WriterOptions) *Writer {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Writer{client: c, now: opts.Now}
+	return &Writer{client: c, reader: opts.Reader, now: opts.Now, known: map[client.ObjectKey]*stored{}}
 }
 
 // OnChange has f called, synchronously, with the key of each WorkerCluster whose status
@@ -57,13 +99,14 @@ func (w *Writer) OnChange(f func(client.ObjectKey)) {
 // WorkerCluster as stored afterwards.
 func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact) (*v1alpha1.WorkerCluster, error) {
 	var wc *v1alpha1.WorkerCluster
-	changed := false
+	changed, first := false, true
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		wc = new(v1alpha1.WorkerCluster)
-		if err := w.client.Get(ctx, key, wc); err != nil {
+		// A conflict means the copy was behind: the retries read the API server.
+		var err error
+		if wc, err = w.read(ctx, key, first); err != nil {
 			return err
 		}
-		var err error
+		first = false
 		changed, err = w.write(ctx, wc, facts)
 		return err
 	})
@@ -74,6 +117,97 @@ func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact
 		w.notify(key)
 	}
 	return wc, nil
+}
+
+// Get is the WorkerCluster named key as last stored: from the Reader when it caught up
+// with what the Writer knows, else from what the Writer knows or the API server.
+func (w *Writer) Get(ctx context.Context, key client.ObjectKey) (*v1alpha1.WorkerCluster, error) {
+	return w.read(ctx, key, true)
+}
+
+// read is the WorkerCluster named key: as Get does when cached is set, else from the
+// API server.
+func (w *Writer) read(ctx context.Context, key client.ObjectKey, cached bool) (*v1alpha1.WorkerCluster, error) {
+	if cached && w.reader != nil {
+		wc := new(v1alpha1.WorkerCluster)
+		err := w.reader.Get(ctx, key, wc)
+		w.mu.Lock()
+		k := w.known[key]
+		switch {
+		case err == nil && k == nil:
+			// Nothing stored since the Writer started: the cache, synced at the start,
+			// is as new as anything the Writer could know.
+			w.mu.Unlock()
+			return wc, nil
+		case err == nil && digest(wc) == k.digest:
+			k.copy = nil
+			w.mu.Unlock()
+			return wc, nil
+		case k != nil && k.copy != nil && w.now().Sub(k.at) < keepCopy:
+			// The cache is behind (or does not have it yet, just created).
+			out := k.copy.DeepCopy()
+			w.mu.Unlock()
+			return out, nil
+		}
+		w.mu.Unlock()
+	}
+	wc := new(v1alpha1.WorkerCluster)
+	err := w.client.Get(ctx, key, wc)
+	if apierrors.IsNotFound(err) {
+		w.Forget(key)
+	}
+	if err != nil {
+		return nil, err
+	}
+	w.Observe(wc)
+	return wc, nil
+}
+
+// Observe learns that wc is the WorkerCluster as the API server stored it, written or
+// read by another part of the process: the hub's reconciler, which writes the labels,
+// annotations and spec, tells the Writer of each write, so that the Writer can tell a
+// cache that caught up from one that did not.
+func (w *Writer) Observe(wc *v1alpha1.WorkerCluster) {
+	d, cp := digest(wc), wc.DeepCopy()
+	key := client.ObjectKeyFromObject(wc)
+	now := w.now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.known[key] = &stored{digest: d, copy: cp, at: now}
+	w.young = append(w.young, youngCopy{key: key, at: now})
+	// Copies the cache never caught up with, or that nothing read since, go after
+	// keepCopy: their digest stays.
+	drop := 0
+	for _, y := range w.young {
+		if now.Sub(y.at) < keepCopy {
+			break
+		}
+		if k := w.known[y.key]; k != nil && !k.at.After(y.at) {
+			k.copy = nil
+		}
+		drop++
+	}
+	w.young = w.young[drop:]
+}
+
+// Forget drops what the Writer knows of the WorkerCluster named key, which was deleted.
+func (w *Writer) Forget(key client.ObjectKey) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.known, key)
+}
+
+// digest tells two WorkerClusters' labels, annotations, spec and status apart.
+// encoding/json writes a struct's fields in order and a map's keys sorted, so equal
+// ones give equal digests.
+func digest(wc *v1alpha1.WorkerCluster) uint64 {
+	h := fnv.New64a()
+	e := json.NewEncoder(h)
+	_ = e.Encode(wc.Labels)
+	_ = e.Encode(wc.Annotations)
+	_ = e.Encode(&wc.Spec)
+	_ = e.Encode(&wc.Status)
+	return h.Sum64()
 }
 
 // Claim records facts on wc exactly as the caller read it, and fails with a conflict if
@@ -107,7 +241,13 @@ func (w *Writer) write(ctx context.Context, wc *v1alpha1.WorkerCluster, facts []
 		return false, nil
 	}
 	patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
-	return true, w.client.Status().Patch(ctx, wc, patch)
+	if err := w.client.Status().Patch(ctx, wc, patch); err != nil {
+		return true, err
+	}
+	// The patch's answer is the stored WorkerCluster: what a cache must show to be
+	// current.
+	w.Observe(wc)
+	return true, nil
 }
 
 func (w *Writer) notify(key client.ObjectKey) {

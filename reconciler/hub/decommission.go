@@ -35,7 +35,7 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 	}
 	patch := client.MergeFrom(wc.DeepCopy())
 	wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.DecommissionAnnotation: "prune", v1alpha1.SourceCommitAnnotation: head})
-	if err := s.hub.opts.Client.Patch(ctx, wc, patch); err != nil {
+	if err := s.patchWorkerCluster(ctx, wc, patch); err != nil {
 		return err
 	}
 	s.post(ctx, head, commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Pending, Description: "decommissioning: waiting for the agent to prune what it owns"})
@@ -108,11 +108,12 @@ func (s *Source) finishDecommission(ctx context.Context, wc *v1alpha1.WorkerClus
 	if err := s.hub.opts.Client.Delete(ctx, wc); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("deleting WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
+	s.hub.opts.Status.Forget(client.ObjectKeyFromObject(wc))
 	s.log.Info("cluster decommissioned", "cluster", wc.Name)
 	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Success, Description: msg})
 	s.mu.Lock()
 	delete(s.states, wc.Name)
 	s.mu.Unlock()
-	s.publishFleet(ctx)
+	s.publishFleetSoon()
 	return nil
 }

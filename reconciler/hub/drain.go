@@ -44,7 +44,7 @@ func (s *Source) drain(ctx context.Context, wc *v1alpha1.WorkerCluster, head str
 		patch := client.MergeFrom(wc.DeepCopy())
 		wc.Annotations = mergeMaps(wc.Annotations, map[string]string{
 			v1alpha1.DrainingSinceAnnotation: time.Now().UTC().Format(time.RFC3339), v1alpha1.SourceCommitAnnotation: head})
-		if err := s.hub.opts.Client.Patch(ctx, wc, patch); err != nil {
+		if err := s.patchWorkerCluster(ctx, wc, patch); err != nil {
 			return err
 		}
 	}
@@ -127,7 +127,7 @@ func (s *Source) checkDrain(ctx context.Context, key client.ObjectKey, policy v1
 	s.log.Info("drain over", "cluster", wc.Name, "stillRunning", running, "graceOver", over)
 	patch := client.MergeFrom(wc.DeepCopy())
 	wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.DrainedAnnotation: time.Now().UTC().Format(time.RFC3339)})
-	if err := s.hub.opts.Client.Patch(ctx, &wc, patch); err != nil {
+	if err := s.patchWorkerCluster(ctx, &wc, patch); err != nil {
 		return err
 	}
 	if err := s.decommission(ctx, &wc, wc.Annotations[v1alpha1.SourceCommitAnnotation], policy); err != nil {

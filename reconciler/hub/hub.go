@@ -8,10 +8,14 @@
 // learns from it which statuses the agents' reports changed.
 //
 // Each verb has its file: hub.go the hub and what it needs of the tunnel, source.go a
-// followed repository and its workers, sync.go a new head of the branch, reconcile.go
-// one cluster of it, decommission.go a cluster that left, publish.go the commit
-// statuses, plans.go the pull requests' plans, and faults.go how a fault of the hub's
-// own reads on a commit.
+// followed repository and its workers, sync.go a new head of the branch (its clusters
+// prepared on every core, then written), reconcile.go one cluster of it, reads.go where
+// WorkerClusters are read from and which writes are left out because they would change
+// nothing, decommission.go a cluster that left, publish.go the commit statuses,
+// summary.go how often the fleet's summary is derived, status_book.go how each commit's
+// statuses reach the forge (and when a large change is summarized), page_commits.go the
+// page of a commit's clusters, plans.go the pull requests' plans, and faults.go how a
+// fault of the hub's own reads on a commit.
 package hub
 
 import (
@@ -35,7 +39,12 @@ import (
 // Options configure a Hub.
 type Options struct {
 	// Client reads and writes WorkerClusters and Secrets on the hub cluster.
-	Client    client.Client
+	Client client.Client
+	// Reader is where the hub reads the WorkerClusters flotilla manages in the sources'
+	// namespaces: an informer cache of them in cmd/flotilla-hub, so that a sync lists
+	// nothing on the hub cluster and a cluster as Git has it costs no request
+	// (reads.go). Defaults to Client.
+	Reader    client.Reader
 	Decryptor *secrets.Decryptor
 	// Tunnel reaches the agents: the hub pushes desired states through it.
 	Tunnel Tunnel
@@ -51,8 +60,8 @@ type Options struct {
 	// Plans, when set, keeps the plans of open pull requests: each gets a
 	// <prefix>/plan status on its head, and the store serves the plan pages.
 	Plans *plan.Store
-	// PublicURL is the hub's HTTP address as people reach it, for plan statuses'
-	// target URLs; empty posts plans without one.
+	// PublicURL is the hub's HTTP address as people reach it, for the target URLs of
+	// plan statuses and of the fleet's summary; empty posts them without one.
 	PublicURL string
 	// StaleAfter is how long after its first sync a hub waits for the agents a previous
 	// hub had connected before it records the missing ones as disconnected. Default 1
@@ -111,6 +120,9 @@ func New(opts Options) (*Hub, error) {
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Reader == nil {
+		opts.Reader = opts.Client
 	}
 	if opts.StaleAfter <= 0 {
 		opts.StaleAfter = time.Minute

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -52,12 +53,15 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 	}
 	// Posted whether or not this cluster's state changed: the summary is derived from
 	// every cluster's current state on the current head, and the publisher posts it only
-	// when it reads differently from what the commit shows.
-	s.publishFleet(ctx)
+	// when it reads differently from what the commit shows. Derived once for many
+	// refreshes (summary.go): it costs time in proportion to the fleet.
+	s.publishFleetSoon()
 	return nil
 }
 
-// publishFleet posts the fleet's summary on the head.
+// publishFleet posts the fleet's summary on the head: how many of the fleet's clusters
+// are ready and how many fail, linking to the hub's page of the head, which lists every
+// cluster's state (status_book.go says why a large change leans on it).
 func (s *Source) publishFleet(ctx context.Context) {
 	s.mu.Lock()
 	head, fleetErr, waiting := s.head, s.fleetError, len(s.waitingRemovals)
@@ -66,10 +70,13 @@ func (s *Source) publishFleet(ctx context.Context) {
 		full = append(full, pool)
 	}
 	leftOut := len(s.poolFull)
-	total, ready := len(s.states), 0
+	total, ready, failing := len(s.states), 0, 0
 	for _, st := range s.states {
-		if st == commitstatus.Success {
+		switch st {
+		case commitstatus.Success:
 			ready++
+		case commitstatus.Failure, commitstatus.Error:
+			failing++
 		}
 	}
 	invalid := make([]string, 0, len(s.invalid))
@@ -81,19 +88,26 @@ func (s *Source) publishFleet(ctx context.Context) {
 		return
 	}
 	slices.Sort(invalid)
-	st := commitstatus.Status{Context: s.context("fleet")}
+	// The counts lead: a status description is cut at the forge's limit.
+	counts := fmt.Sprintf("%s of %s clusters ready", thousands(ready), thousands(total))
+	if failing > 0 {
+		counts += fmt.Sprintf(", %s failing", thousands(failing))
+	}
+	st := commitstatus.Status{Context: s.context(fleetContext), TargetURL: s.commitURL(head)}
 	switch {
 	case fleetErr != "" && waiting > 0:
-		// The count leads: the error may be long, and a status description is cut.
 		st.State, st.Description = commitstatus.Failure, fmt.Sprintf("%d %s until the fleet validates: %s", waiting, plural(waiting, "removal waits", "removals wait"), fleetErr)
 	case fleetErr != "":
 		st.State, st.Description = commitstatus.Failure, fleetErr
 	case len(invalid) > 0:
-		st.State, st.Description = commitstatus.Failure, fmt.Sprintf("%d invalid cluster(s): %s", len(invalid), invalid[0])
+		st.State, st.Description = commitstatus.Failure, fmt.Sprintf("%s · %d invalid cluster(s): %s", counts, len(invalid), invalid[0])
 	case ready == total:
-		st.State, st.Description = commitstatus.Success, fmt.Sprintf("%d of %d clusters ready", ready, total)
+		st.State, st.Description = commitstatus.Success, counts
+	case ready+failing == total:
+		// Nothing is on its way any more: what fails stays failing until a change.
+		st.State, st.Description = commitstatus.Failure, counts
 	default:
-		st.State, st.Description = commitstatus.Pending, fmt.Sprintf("%d of %d clusters ready", ready, total)
+		st.State, st.Description = commitstatus.Pending, counts
 	}
 	if len(full) > 0 {
 		slices.Sort(full)
@@ -104,18 +118,33 @@ func (s *Source) publishFleet(ctx context.Context) {
 	s.post(ctx, head, st)
 }
 
+// commitURL is where the hub serves the page of commit, empty without a public URL.
+func (s *Source) commitURL(commit string) string {
+	if s.hub.opts.PublicURL == "" {
+		return ""
+	}
+	return strings.TrimSuffix(s.hub.opts.PublicURL, "/") + CommitPath(s.opts.Name, commit)
+}
+
+// thousands writes n with a comma between groups of three digits: 10,000.
+func thousands(n int) string {
+	if n < 0 {
+		return "-" + thousands(-n)
+	}
+	s := strconv.Itoa(n)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
 func plural(n int, one, many string) string {
 	if n == 1 {
 		return one
 	}
 	return many
-}
-
-func (s *Source) post(ctx context.Context, commit string, st commitstatus.Status) {
-	if s.publisher == nil || commit == "" {
-		return
-	}
-	if _, err := s.publisher.Publish(ctx, commit, st); err != nil {
-		s.log.Error("posting a commit status", "context", st.Context, "commit", commit, "error", err)
-	}
 }

@@ -8,11 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
@@ -21,6 +19,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/reconciler/dispatch"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	"github.com/flotilla-gitops/flotilla/reconciler/render"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
@@ -49,10 +48,72 @@ func (s *Source) noteQuota(f *fleet.Fleet, c *fleet.Cluster, objects []*unstruct
 	s.quotas[c.Name] = dispatch.QuotaOf(objects, pool)
 }
 
-// reconcileCluster validates, renders and enrolls one cluster of the head.
-func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.Cluster, wc *v1alpha1.WorkerCluster, head string) error {
+// prepared is the part of a cluster's reconcile that is the CPU's alone: its directory
+// validated, rendered, and its enrollment file verified. A fleet-wide change prepares
+// its clusters on every core, apart from the writes, which wait on the hub cluster.
+type prepared struct {
+	res *render.Result
+	tok secrets.Hash
+	// blob names the enrollment file's content that tok was verified from.
+	blob string
+	// invalid says why the cluster fails alone; err is a fault of the hub's (a KMS that
+	// did not answer), nothing wrong with the cluster.
+	invalid string
+	err     error
+	// took is how long preparing took.
+	took time.Duration
+}
+
+// prepare validates and renders c, and verifies its enrollment file: decrypted only
+// when the hub has not verified that content before, so an unchanged file costs no key
+// service call, whatever changed around it. The hub remembers what it verified twice
+// over: secrets.Decryptor keeps the token hash per content in memory, and wc, the
+// cluster's WorkerCluster as last stored (nil when there is none), names the content
+// its token hash came from, for a hub that starts afresh.
+func (s *Source) prepare(ctx context.Context, f *fleet.Fleet, c *fleet.Cluster, wc *v1alpha1.WorkerCluster) (p prepared) {
+	began := time.Now()
+	defer func() { p.took = time.Since(began) }()
+	if !c.Valid() {
+		return prepared{invalid: c.Errors[0].Error()}
+	}
+	res, err := s.hub.renderer.Render(f, c.Name)
+	if err != nil {
+		var list fleet.ErrorList
+		if errors.As(err, &list) && len(list) > 0 {
+			return prepared{invalid: list[0].Error()}
+		}
+		return prepared{invalid: err.Error()}
+	}
+	s.noteQuota(f, c, res.Objects)
+	blob := secrets.BlobHash(c.Enrollment())
+	if wc != nil && wc.Annotations[v1alpha1.EnrollmentBlobAnnotation] == blob {
+		if tok, err := secrets.ParseHash(wc.Spec.EnrollmentTokenHash); err == nil {
+			return prepared{res: res, tok: tok, blob: blob}
+		}
+	}
+	tok, err := s.hub.opts.Decryptor.TokenHash(ctx, path.Join(c.Dir, fleet.EnrollmentFile), c.Enrollment())
+	if errors.Is(err, secrets.ErrKeyUnavailable) {
+		// The KMS did not answer or refused the hub: nothing is wrong with the file.
+		return prepared{err: err}
+	}
+	if err != nil {
+		return prepared{invalid: err.Error()}
+	}
+	return prepared{res: res, tok: tok, blob: blob}
+}
+
+// reconcileCluster enrolls or updates one prepared cluster of the head. Nothing is
+// written that would change nothing: a WorkerCluster as Git has it is not updated, a
+// status as recorded is not patched, and a desired state the agent holds is not sent
+// again.
+func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.Cluster, head string, p prepared) error {
 	identity := fleet.Identity(s.opts.Tenant, c.Name)
 	digest := inputsDigest(f, c)
+	// The list the sync started from may be behind the hub's own last write of it.
+	wc, err := s.current(ctx, c.Name)
+	if err != nil {
+		return err
+	}
 	fail := func(why string) error {
 		// Fails alone: the WorkerCluster and the worker keep their last good state.
 		s.mu.Lock()
@@ -64,28 +125,13 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		}
 		return s.annotate(ctx, wc, map[string]string{v1alpha1.InvalidAnnotation: why, v1alpha1.SourceCommitAnnotation: head, v1alpha1.SourceDigestAnnotation: digest})
 	}
-	if !c.Valid() {
-		return fail(c.Errors[0].Error())
+	if p.err != nil {
+		return p.err
 	}
-	res, err := s.hub.renderer.Render(f, c.Name)
-	if err == nil {
-		s.noteQuota(f, c, res.Objects)
+	if p.invalid != "" {
+		return fail(p.invalid)
 	}
-	if err != nil {
-		var list fleet.ErrorList
-		if errors.As(err, &list) && len(list) > 0 {
-			return fail(list[0].Error())
-		}
-		return fail(err.Error())
-	}
-	tok, err := s.hub.opts.Decryptor.TokenHash(ctx, path.Join(c.Dir, fleet.EnrollmentFile), c.Enrollment())
-	if errors.Is(err, secrets.ErrKeyUnavailable) {
-		// The KMS did not answer or refused the hub: nothing is wrong with the file.
-		return err
-	}
-	if err != nil {
-		return fail(err.Error())
-	}
+	res, tok := p.res, p.tok
 	// A token this cluster's agent redeemed before (the cluster was removed and added
 	// back with the same enrollment file) is refused by the tunnel, which tells the
 	// caller nothing: the commit says what to do.
@@ -107,17 +153,10 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		commit = wc.Annotations[v1alpha1.SourceCommitAnnotation] // nothing of it changed
 	}
 	key := client.ObjectKey{Namespace: s.opts.Namespace, Name: c.Name}
-	want := &v1alpha1.WorkerCluster{}
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		// The agent's reports write the status meanwhile: start from what is stored.
-		exists := true
-		if err := s.hub.opts.Client.Get(ctx, key, want); apierrors.IsNotFound(err) {
-			exists, want = false, &v1alpha1.WorkerCluster{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
-		} else if err != nil {
-			return err
-		}
+	want, err := s.writeWorkerCluster(ctx, c.Name, wc, func(want *v1alpha1.WorkerCluster) {
 		want.Labels = mergeMaps(want.Labels, map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue, v1alpha1.WorkerClusterLabel: identity})
-		want.Annotations = mergeMaps(want.Annotations, map[string]string{v1alpha1.SourceCommitAnnotation: commit, v1alpha1.SourceDigestAnnotation: digest})
+		want.Annotations = mergeMaps(want.Annotations, map[string]string{v1alpha1.SourceCommitAnnotation: commit, v1alpha1.SourceDigestAnnotation: digest,
+			v1alpha1.EnrollmentBlobAnnotation: p.blob})
 		delete(want.Annotations, v1alpha1.InvalidAnnotation)
 		delete(want.Annotations, v1alpha1.DecommissionAnnotation)
 		delete(want.Annotations, v1alpha1.HubErrorAnnotation)
@@ -126,36 +165,39 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		// The tunnel issues the agent's credentials for this long: the cluster's own
 		// lifetime, else the fleet's (unset: the tunnel's default).
 		want.Spec.CredentialLifetime = fleet.CredentialLifetime(f, c)
-		if !exists {
-			return s.hub.opts.Client.Create(ctx, want)
-		}
-		return s.hub.opts.Client.Update(ctx, want)
 	})
 	if err != nil {
-		return fmt.Errorf("writing WorkerCluster %s/%s: %w", key.Namespace, key.Name, err)
+		return err
 	}
 
-	comps := res.Components
-	ds := &protocol.DesiredState{Generation: want.Generation, Hash: res.Hash, Components: &comps}
-	for _, o := range res.Objects {
-		raw, err := json.Marshal(o.Object)
-		if err != nil {
-			return err
-		}
-		ds.Objects = append(ds.Objects, raw)
-	}
 	if _, err := s.hub.opts.Status.Record(ctx, key, conditions.Desired{Hash: res.Hash}); err != nil {
 		return err
 	}
-	s.hub.opts.Tunnel.Push(key, identity, ds)
+	// The tunnel holds the state it was pushed and sends it on every connect and
+	// resync: the same state again would only be sent again.
+	if d := s.hub.opts.Tunnel.Desired(identity); d == nil || d.Decommission || d.Hash != res.Hash || d.Generation != want.Generation {
+		comps := res.Components
+		ds := &protocol.DesiredState{Generation: want.Generation, Hash: res.Hash, Components: &comps}
+		for _, o := range res.Objects {
+			raw, err := json.Marshal(o.Object)
+			if err != nil {
+				return err
+			}
+			ds.Objects = append(ds.Objects, raw)
+		}
+		s.hub.opts.Tunnel.Push(key, identity, ds)
+	}
 	return s.refresh(ctx, c.Name)
 }
 
+// annotate sets annotations of wc, unless it has them already, and refreshes it.
 func (s *Source) annotate(ctx context.Context, wc *v1alpha1.WorkerCluster, ann map[string]string) error {
-	patch := client.MergeFrom(wc.DeepCopy())
-	wc.Annotations = mergeMaps(wc.Annotations, ann)
-	if err := s.hub.opts.Client.Patch(ctx, wc, patch); err != nil {
-		return fmt.Errorf("annotating WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
+	next := wc.DeepCopy()
+	next.Annotations = mergeMaps(next.Annotations, ann)
+	if !sameMeta(wc, next) {
+		if err := s.patchWorkerCluster(ctx, next, client.MergeFrom(wc)); err != nil {
+			return fmt.Errorf("annotating: %w", err)
+		}
 	}
 	return s.refresh(ctx, wc.Name)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-git/go-git/v5/plumbing"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -34,6 +35,14 @@ type SourceOptions struct {
 	Namespace string
 	// Statuses keeps commit statuses; nil posts none.
 	Statuses commitstatus.Backend
+	// Limits reads the forge's rate limits when Statuses wraps a backend that knows
+	// them (for metrics); nil reads them from Statuses itself.
+	Limits commitstatus.Limited
+	// SummaryThreshold is how many clusters a change may touch and still get a status
+	// per cluster; a larger one gets them only for the clusters that fail, beside the
+	// fleet's summary (status_book.go). Zero means DefaultSummaryThreshold; negative
+	// never summarizes.
+	SummaryThreshold int
 	// Poll is the interval between fetches when no webhook arrives. Default 1 minute.
 	Poll time.Duration
 	// PullRequests, when set, says which pull requests into the branch are open, as the
@@ -50,7 +59,9 @@ type Source struct {
 	git       *gitsource.Source
 	poller    *gitsource.Poller
 	publisher *commitstatus.Publisher
-	log       *slog.Logger
+	// book keeps each commit's statuses and how they are posted.
+	book *statusBook
+	log  *slog.Logger
 	// queue holds the names of clusters whose agents reported, for refresh.
 	queue workqueue.TypedRateLimitingInterface[string]
 	// planWake wakes the plan worker after a sync.
@@ -60,6 +71,8 @@ type Source struct {
 	plannedHeads map[string]bool
 	// refreshLocks keep two refreshes of one cluster apart.
 	refreshLocks keyedLocks
+	// summary coalesces the posts of the fleet's summary (summary.go).
+	summary summaryWake
 
 	mu     sync.Mutex
 	last   plumbing.Hash
@@ -114,8 +127,9 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 		prefix: fleet.DefaultStatusContextPrefix, states: map[string]commitstatus.State{}, invalid: map[string]string{}, retry: map[string]bool{}, waitingRemovals: map[string]bool{}, pruneTimers: map[string]*time.Timer{},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		planWake: make(chan struct{}, 1), dispatchWake: make(chan struct{}, 1), quotas: map[string]corev1.ResourceList{}, registered: map[string]bool{}, poolFull: map[string]string{}}
+	s.book = newStatusBook(opts.SummaryThreshold)
 	if opts.Statuses != nil {
-		s.publisher = commitstatus.NewPublisher(opts.Statuses, commitstatus.PublisherOptions{Log: s.log})
+		s.publisher = commitstatus.NewPublisher(opts.Statuses, commitstatus.PublisherOptions{Log: s.log, Limits: opts.Limits})
 	}
 	s.poller = gitsource.NewPoller(opts.Poll, 0.1, func(ctx context.Context) {
 		began := time.Now()
@@ -149,8 +163,12 @@ func (s *Source) Run(ctx context.Context) {
 			}
 		})
 	}
+	if s.publisher != nil {
+		wg.Go(func() { s.publisher.Run(ctx) })
+	}
 	wg.Go(func() { s.runPlans(ctx) })
 	wg.Go(func() { s.runDispatch(ctx) })
+	wg.Go(func() { s.runSummary(ctx) })
 	s.poller.Run(ctx)
 	s.queue.ShutDown()
 	wg.Wait()
@@ -178,7 +196,10 @@ func (s *Source) refreshNext(ctx context.Context) bool {
 // plan worker, which plans the pull requests whose heads are new without holding up the
 // next sync.
 func (s *Source) Sync(ctx context.Context) error {
+	// The statuses of a new head are counted before they are posted: see status_book.go.
+	s.book.beginSync()
 	err := s.syncBranch(ctx)
+	s.endSync()
 	s.wakePlans()
 	return err
 }
@@ -201,14 +222,34 @@ func (s *Source) context(name string) string {
 	return s.prefix + "/" + name
 }
 
+// workerClusters are the source's WorkerClusters, as the hub's cache has them.
 func (s *Source) workerClusters(ctx context.Context) (map[string]*v1alpha1.WorkerCluster, error) {
 	var list v1alpha1.WorkerClusterList
-	if err := s.hub.opts.Client.List(ctx, &list, client.InNamespace(s.opts.Namespace), client.MatchingLabels{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue}); err != nil {
+	if err := s.hub.opts.Reader.List(ctx, &list, client.InNamespace(s.opts.Namespace), client.MatchingLabels{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue}); err != nil {
 		return nil, fmt.Errorf("listing WorkerClusters in %s: %w", s.opts.Namespace, err)
 	}
 	out := make(map[string]*v1alpha1.WorkerCluster, len(list.Items))
 	for i := range list.Items {
 		out[list.Items[i].Name] = &list.Items[i]
+	}
+	return out, nil
+}
+
+// workerClustersNamed are the source's WorkerClusters of names that exist, as the
+// hub's cache has them.
+func (s *Source) workerClustersNamed(ctx context.Context, names []string) (map[string]*v1alpha1.WorkerCluster, error) {
+	out := make(map[string]*v1alpha1.WorkerCluster, len(names))
+	for _, name := range names {
+		wc := new(v1alpha1.WorkerCluster)
+		err := s.hub.opts.Reader.Get(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: name}, wc)
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return nil, fmt.Errorf("reading WorkerCluster %s/%s: %w", s.opts.Namespace, name, err)
+		case wc.Labels[v1alpha1.ManagedByLabel] == v1alpha1.ManagedByValue:
+			// As the list: one made by hand is not flotilla's.
+			out[name] = wc
+		}
 	}
 	return out, nil
 }

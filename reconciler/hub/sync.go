@@ -7,10 +7,11 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
+	"runtime"
 	"slices"
+	"sync"
 	"time"
 
-	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -75,12 +76,15 @@ func (s *Source) syncBranch(ctx context.Context) error {
 		}
 	}
 
-	existing, err := s.workerClusters(ctx)
-	if err != nil {
-		return err
-	}
+	// A fleet-wide change lists the WorkerClusters, for those whose directory went; a
+	// change to some clusters reads theirs alone, so that it costs the same whatever the
+	// fleet's size.
+	var existing map[string]*v1alpha1.WorkerCluster
 	names := aff.Clusters
 	if aff.All {
+		if existing, err = s.workerClusters(ctx); err != nil {
+			return err
+		}
 		names = f.ClusterNames()
 		for name := range existing {
 			if f.Clusters[name] == nil {
@@ -95,18 +99,13 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	names = append(names, waiting...)
 	slices.Sort(names)
 	names = slices.Compact(names)
-	log.Info("reconciling a head", "clusters", len(names), "all", aff.All, "reason", aff.Reason, "retrying", len(retrying))
-	// Clusters are independent: their API writes overlap, and a fleet-wide change is
-	// not the sum of each cluster's round trips.
-	var g errgroup.Group
-	g.SetLimit(reconcileWorkers)
-	for _, name := range names {
-		g.Go(func() error {
-			s.reconcileName(ctx, log, f, name, existing[name], head, fleetErr)
-			return nil
-		})
+	if !aff.All {
+		if existing, err = s.workerClustersNamed(ctx, names); err != nil {
+			return err
+		}
 	}
-	_ = g.Wait()
+	log.Info("reconciling a head", "clusters", len(names), "all", aff.All, "reason", aff.Reason, "retrying", len(retrying))
+	s.reconcileNames(ctx, log, f, names, existing, attribution(ch, head), fleetErr)
 	s.setHead(snap.Commit, f, fleetErr)
 	s.publishFleet(ctx)
 	s.wakeDispatch()
@@ -120,12 +119,89 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	return nil
 }
 
-// reconcileWorkers is how many clusters of one head are reconciled at once.
-const reconcileWorkers = 8
+// writeWorkers is how many clusters of one head are written to the hub cluster and
+// pushed at once. Their requests wait on the hub cluster's API and the client's rate
+// limit far more than on the CPU; a sync never has more than this many in flight, well
+// under what the API server's priority and fairness runs at once for one client.
+const writeWorkers = 32
+
+// reconcileNames reconciles the clusters names of the head in two stages: every core
+// validates, renders and decrypts (prepare), and writeWorkers write what was prepared
+// to the hub cluster and push it to the agents, each push handed to its agent's
+// connection without waiting for it. Clusters are independent, so a fleet-wide change
+// costs its slowest stage rather than the sum of each cluster's round trips, and the
+// bounded hand-over between the stages keeps few rendered states in memory at once.
+func (s *Source) reconcileNames(ctx context.Context, log *slog.Logger, f *fleet.Fleet, names []string, existing map[string]*v1alpha1.WorkerCluster, commitOf func(cluster string) string, fleetErr string) {
+	type job struct {
+		name string
+		p    prepared
+	}
+	todo := make(chan string)
+	ready := make(chan job, writeWorkers)
+	var preparers, writers sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(names)) {
+		preparers.Go(func() {
+			for name := range todo {
+				j := job{name: name}
+				if c := f.Clusters[name]; c != nil && fleetErr == "" {
+					j.p = s.prepare(ctx, f, c, existing[name])
+				}
+				ready <- j
+			}
+		})
+	}
+	for range min(writeWorkers, len(names)) {
+		writers.Go(func() {
+			for j := range ready {
+				s.reconcileName(ctx, log, f, j.name, existing[j.name], commitOf(j.name), fleetErr, j.p)
+			}
+		})
+	}
+	for _, name := range names {
+		todo <- name
+	}
+	close(todo)
+	preparers.Wait()
+	close(ready)
+	writers.Wait()
+}
+
+// attribution names the commit each cluster's status goes on: of a push of several
+// commits, the newest that touched the cluster's inputs (its directory, or a
+// fleet-wide file), so that the commit that changed a cluster shows what became of
+// it; the head when the push was one commit, or none of its commits names the cluster.
+func attribution(ch gitsource.Changes, head string) func(cluster string) string {
+	if len(ch.Commits) == 0 {
+		return func(string) string { return head }
+	}
+	by := map[string]string{}
+	rest := head
+	for _, c := range ch.Commits {
+		aff := fleet.Change{All: c.All, Paths: c.Paths}.Affected()
+		if aff.All {
+			// Every cluster not touched by a newer commit: this one changed its inputs.
+			rest = c.Hash.String()
+			break
+		}
+		for _, name := range aff.Clusters {
+			if _, ok := by[name]; !ok {
+				by[name] = c.Hash.String()
+			}
+		}
+	}
+	return func(name string) string {
+		if h, ok := by[name]; ok {
+			return h
+		}
+		return rest
+	}
+}
 
 // reconcileName brings one cluster of the head to the hub: enrolled or updated,
-// decommissioned when its directory is gone, or failed alone.
-func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.Fleet, name string, wc *v1alpha1.WorkerCluster, head, fleetErr string) {
+// decommissioned when its directory is gone, or failed alone. head is the commit its
+// status goes on (attribution). p is what prepare made of it, when it is in the head
+// and the fleet validates.
+func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.Fleet, name string, wc *v1alpha1.WorkerCluster, head, fleetErr string, p prepared) {
 	c := f.Clusters[name]
 	began := time.Now()
 	var err error
@@ -160,10 +236,10 @@ func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.F
 		// Nothing renders while fleet.yaml or a preset is broken; the workers keep
 		// their last good state.
 	default:
-		err = s.reconcileCluster(ctx, f, c, wc, head)
+		err = s.reconcileCluster(ctx, f, c, head, p)
 	}
 	if s.hub.opts.OnReconcile != nil {
-		s.hub.opts.OnReconcile(s.opts.Name, time.Since(began), err)
+		s.hub.opts.OnReconcile(s.opts.Name, time.Since(began)+p.took, err)
 	}
 	s.mu.Lock()
 	if err != nil {
@@ -182,7 +258,7 @@ func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.F
 			cur := wc.DeepCopy()
 			patch := client.MergeFrom(wc)
 			cur.Annotations = mergeMaps(cur.Annotations, map[string]string{v1alpha1.HubErrorAnnotation: faultDetail(err)})
-			if aerr := s.hub.opts.Client.Patch(ctx, cur, patch); aerr != nil {
+			if aerr := s.patchWorkerCluster(ctx, cur, patch); aerr != nil {
 				log.Warn("recording a hub fault on its WorkerCluster", "cluster", name, "error", aerr)
 			}
 		}

@@ -296,9 +296,12 @@ func authKind(r *http.Request) string {
 // Push makes ds the desired state of the identity, whose WorkerCluster is key, and
 // hands it to the identity's agent when connected; it reports whether one was. It does
 // not wait for the network: the connection's writer sends the state, and a newer one
-// pushed before it went out replaces it. An agent that does not take it within
-// WriteTimeout is disconnected. An agent that connects later gets the state then, and
-// its authentication reads key rather than searching for its WorkerCluster.
+// pushed before it went out replaces it, so a fleet-wide push is never held by a slow
+// agent. An agent that does not take it within WriteTimeout is disconnected. An agent
+// that connects later gets the state then, and its authentication reads key rather
+// than searching for its WorkerCluster. A state pushed again is sent again, for the
+// agent to apply again (an object it refused may have been handed over since): the
+// hub leaves out pushes that would change nothing (Desired).
 func (s *Server) Push(key client.ObjectKey, identity string, ds *protocol.DesiredState) bool {
 	// The hub pushes every cluster it knows: from the first push on, the credentials of
 	// those whose agent is away are watched too.

@@ -35,6 +35,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	fhub "github.com/flotilla-gitops/flotilla/reconciler/hub"
+	"github.com/flotilla-gitops/flotilla/reconciler/hubcache"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
@@ -179,13 +180,19 @@ func (o *openPRs) hold() (entered <-chan struct{}, release func()) {
 }
 
 // startHub starts a hub, with nothing in memory, following the repository and serving
-// tunnels on l.
+// tunnels on l. As cmd/flotilla-hub's, it reads WorkerClusters and the tunnel's Secrets
+// from an informer cache.
 func (f *fleetRepo) startHub(l net.Listener) {
 	t, h := f.t, f.tunnel
-	status := conditions.NewWriter(hub())
-	h.opts = tunnel.Options{Client: hub(), Status: status, Liveness: fast, AllowInsecureLoopback: true, Log: h.log.Logger()}
+	runCtx, cancel := context.WithCancel(context.Background())
+	cached, err := hubcache.Start(runCtx, planes[0].Config, hub().Scheme(), []string{f.ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := conditions.NewWriterWith(hub(), conditions.WriterOptions{Reader: cached})
+	h.opts = tunnel.Options{Client: hub(), Reader: cached, IdentityIndexed: true, Status: status, Liveness: fast, AllowInsecureLoopback: true, Log: h.log.Logger()}
 	h.serve(l)
-	hb, err := fhub.New(fhub.Options{Client: hub(), Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: f.ids}), Tunnel: h.srv, Status: status, Log: h.log.Logger(), Plans: plan.NewStore(0),
+	hb, err := fhub.New(fhub.Options{Client: hub(), Reader: cached, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: f.ids}), Tunnel: h.srv, Status: status, Log: h.log.Logger(), Plans: plan.NewStore(0),
 		OnSync: func(_ string, took time.Duration, _ error) {
 			f.syncMu.Lock()
 			f.syncs = append(f.syncs, took)
@@ -197,13 +204,14 @@ func (f *fleetRepo) startHub(l net.Listener) {
 			f.syncMu.Unlock()
 		}})
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	f.src, err = hb.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: f.repo.URL(), Branch: "main"}, Tenant: f.tenant, Namespace: f.ns, Statuses: f.notes, Poll: time.Hour, PullRequests: f.prs})
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { f.src.Run(runCtx); close(done) }()
 	f.stopRun = func() { cancel(); <-done }

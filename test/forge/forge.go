@@ -32,6 +32,8 @@ type Request struct {
 	Path   string
 	// Fault is the status code a injected fault answered with, 0 for a normal answer.
 	Fault int
+	// Limited is set when the request was refused for the rate limit (SetRateLimit).
+	Limited bool
 }
 
 // Fault is an injected failure: the answer's status code and, when positive, the
@@ -39,6 +41,18 @@ type Request struct {
 type Fault struct {
 	Code       int
 	RetryAfter time.Duration
+	// Quota is set when the request is refused for the rate limit, where the budget
+	// stands: each server answers in its forge's words.
+	Quota *Quota
+}
+
+// Quota is where a rate limit stands: Used of Limit requests in the window that ends at
+// Reset.
+type Quota struct {
+	Limit  int
+	Used   int
+	Reset  time.Time
+	Window time.Duration
 }
 
 // Store is the state of one forge server. Its methods are safe for concurrent use.
@@ -50,6 +64,12 @@ type Store struct {
 	requests []Request
 	clock    time.Time
 	known    map[string]bool // registered commits
+	// limit and window are the rate limit SetRateLimit set, 0 for none; used and reset
+	// are the current window's.
+	limit  int
+	window time.Duration
+	used   int
+	reset  time.Time
 }
 
 // NewStore returns an empty store.
@@ -131,20 +151,78 @@ func (s *Store) FailNext(n int, f Fault) {
 	}
 }
 
-// Begin logs a request and returns the fault it must answer with, if one is queued.
-// Servers call it first thing for every request.
+// SetRateLimit makes the server accept at most limit requests per window: a window
+// begins with the first request after the previous one ended, as GitHub's hour does, and
+// a request over the limit is refused, uncounted, until it ends. Zero lifts the limit.
+func (s *Store) SetRateLimit(limit int, window time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.limit, s.window, s.used, s.reset = limit, window, 0, time.Time{}
+}
+
+// Quota is where the rate limit stands, false when none is set.
+func (s *Store) Quota() (Quota, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.quota(time.Now()), s.limit > 0
+}
+
+// quota rolls the window over at now and returns it. The caller holds s.mu.
+func (s *Store) quota(now time.Time) Quota {
+	if !now.Before(s.reset) {
+		s.used, s.reset = 0, now.Add(s.window)
+	}
+	return Quota{Limit: s.limit, Used: s.used, Reset: s.reset, Window: s.window}
+}
+
+// Begin logs a request and returns the fault it must answer with: one queued, or the
+// rate limit's refusal. Servers call it first thing for every request.
 func (s *Store) Begin(method, path string) (Fault, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	req := Request{Time: time.Now(), Method: method, Path: path}
+	now := time.Now()
+	req := Request{Time: now, Method: method, Path: path}
 	var f Fault
 	ok := len(s.faults) > 0
-	if ok {
+	switch {
+	case ok:
 		f, s.faults = s.faults[0], s.faults[1:]
 		req.Fault = f.Code
+	case s.limit > 0:
+		q := s.quota(now)
+		if q.Used >= q.Limit {
+			f, ok = Fault{Code: 429, RetryAfter: q.Reset.Sub(now), Quota: &q}, true
+			req.Limited = true
+			break
+		}
+		s.used++
 	}
 	s.requests = append(s.requests, req)
 	return f, ok
+}
+
+// Refused is how many requests were refused, by a fault or the rate limit.
+func (s *Store) Refused() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.requests {
+		if r.Fault != 0 || r.Limited {
+			n++
+		}
+	}
+	return n
+}
+
+// AddCommit registers sha, a full commit hash made elsewhere (a real git repository),
+// so that statuses may be posted on it.
+func (s *Store) AddCommit(sha string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.known == nil {
+		s.known = map[string]bool{}
+	}
+	s.known[strings.ToLower(sha)] = true
 }
 
 // Requests is every request served so far, oldest first.

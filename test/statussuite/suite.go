@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	"github.com/flotilla-gitops/flotilla/test/forge"
+	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
 // Target is one backend under test with the means to look behind it.
@@ -42,6 +44,14 @@ type Target struct {
 	// the forge; set exactly when the backend is a commitstatus.PullRequestLister. Nil for a
 	// backend whose store keeps no pull requests (git notes).
 	SetPullRequest func(t *testing.T, number int, base string, open bool)
+	// SetRateLimit makes the forge accept limit requests per window and refuse the
+	// others, as it does (or, for Gitea, as a proxy in front of it does); nil for a
+	// backend with no forge.
+	SetRateLimit func(limit int, window time.Duration)
+	// StatesBudget is set when the forge states its budget on the answers it accepts
+	// (GitHub); the others state it when they refuse (GitLab) or never (Gitea), so
+	// their publisher is told the rate to keep within, as an operator would.
+	StatesBudget bool
 }
 
 // fastBackoff keeps retries quick where the forge does not ask for a wait.
@@ -342,6 +352,8 @@ func runForge(t *testing.T, newTarget func(t *testing.T) Target, capped bool) {
 		}
 	})
 
+	runRateLimits(t, newTarget)
+
 	if !capped {
 		// The forge keeps any number; the Publisher's own count is pinned by its unit tests.
 		return
@@ -386,4 +398,135 @@ func equal(a, b map[string]commitstatus.Status) bool {
 		}
 	}
 	return true
+}
+
+// runRateLimits checks that the Publisher keeps within the forge's rate limit: queued
+// statuses are spread over the budget, a refusal is waited out, and a single change's
+// status goes ahead of a wave's.
+func runRateLimits(t *testing.T, newTarget func(t *testing.T) Target) {
+	// A budget small enough that a test spans several windows of it.
+	const limit, window = 10, time.Second
+	paced := func(tg Target, opts commitstatus.PublisherOptions) *commitstatus.Publisher {
+		opts.Backoff = fastBackoff
+		if !tg.StatesBudget && opts.Rate == 0 {
+			// Four fifths of the limit: the forge counts arrivals, which the network
+			// bunches.
+			opts.Rate = 0.8 * limit / window.Seconds()
+		}
+		return commitstatus.NewPublisher(tg.Backend, opts)
+	}
+
+	t.Run("queued statuses are spread within the forge's budget and none is refused", func(t *testing.T) {
+		tg := newTarget(t)
+		c := tg.NewCommit(t)
+		tg.SetRateLimit(limit, window)
+		p := paced(tg, commitstatus.PublisherOptions{})
+		const n = 3 * limit
+		submitWave(t, p, c, n, commitstatus.Bulk)
+		began := time.Now()
+		stop := run(t, p)
+		waitPosted(t, tg, c, n)
+		stop()
+		took := time.Since(began)
+		if r := tg.Forge.Refused(); r != 0 {
+			t.Fatalf("the forge refused %d of %d requests", r, len(tg.Forge.Requests()))
+		}
+		// n posts and a read of the commit at limit per window take two full windows
+		// at least.
+		if min := time.Duration(n/limit-1) * window; took < min {
+			t.Fatalf("%d posts took %s, faster than the budget of %d per %s allows", n, took, limit, window)
+		}
+		t.Logf("%d statuses posted in %s with %d requests, none refused", n, took.Round(time.Millisecond), len(tg.Forge.Requests()))
+	})
+
+	t.Run("a refusal is waited out and the rest paced, no status lost", func(t *testing.T) {
+		tg := newTarget(t)
+		c := tg.NewCommit(t)
+		tg.SetRateLimit(limit, window)
+		// Told nothing: a forge that states no budget is learned from its refusals.
+		p := commitstatus.NewPublisher(tg.Backend, commitstatus.PublisherOptions{Backoff: fastBackoff})
+		const n = 4 * limit
+		submitWave(t, p, c, n, commitstatus.Bulk)
+		stop := run(t, p)
+		waitPosted(t, tg, c, n)
+		stop()
+		refused := tg.Forge.Refused()
+		if tg.StatesBudget && refused != 0 {
+			t.Fatalf("the forge stated its budget, and still refused %d requests", refused)
+		}
+		// Each refusal at least halves the rate, or teaches the limit outright.
+		if refused > 6 {
+			t.Fatalf("the forge refused %d requests: the publisher did not learn its limit", refused)
+		}
+		t.Logf("%d statuses posted with %d requests, %d refused", n, len(tg.Forge.Requests()), refused)
+	})
+
+	t.Run("a single change's status goes before the rest of a running wave", func(t *testing.T) {
+		tg := newTarget(t)
+		wave, single := tg.NewCommit(t), tg.NewCommit(t)
+		tg.SetRateLimit(2*limit, window)
+		p := paced(tg, commitstatus.PublisherOptions{Rate: 0.8 * 2 * limit / window.Seconds()})
+		const n = 1000
+		submitWave(t, p, wave, n, commitstatus.Bulk)
+		stop := run(t, p)
+		defer stop()
+		poll.Until(t, "the wave under way", func() (bool, string) {
+			got := len(tg.Forge.Latest(wave))
+			return got >= limit, fmt.Sprintf("%d of %d posted", got, n)
+		})
+		submitted := len(tg.Forge.Requests())
+		if err := p.Submit(single, commitstatus.Status{Context: "flotilla/single", State: commitstatus.Success, Description: "ready"}, commitstatus.Submission{Lane: commitstatus.Urgent}); err != nil {
+			t.Fatal(err)
+		}
+		waitPosted(t, tg, single, 1)
+		reqs := tg.Forge.Requests()
+		before := 0
+		for _, r := range reqs[submitted:] {
+			if r.Method == http.MethodPost && strings.Contains(strings.ToLower(r.Path), single) {
+				break
+			}
+			if r.Method == http.MethodPost && strings.Contains(strings.ToLower(r.Path), wave) {
+				before++
+			}
+		}
+		// The wave's posts already waiting for their turn may go first; no more.
+		if before > 3 {
+			t.Fatalf("%d posts of the wave went before the single change's status", before)
+		}
+		if r := tg.Forge.Refused(); r != 0 {
+			t.Fatalf("the forge refused %d requests", r)
+		}
+		t.Logf("the single change's status was posted after %d more of the wave's, with %d of %d of the wave posted", before, len(tg.Forge.Latest(wave)), n)
+	})
+}
+
+// submitWave queues n statuses of distinct contexts on commit.
+func submitWave(t *testing.T, p *commitstatus.Publisher, commit string, n int, lane commitstatus.Lane) {
+	t.Helper()
+	for i := range n {
+		st := commitstatus.Status{Context: fmt.Sprintf("flotilla/w%04d", i), State: commitstatus.Pending, Description: "waiting for the agent to apply"}
+		if err := p.Submit(commit, st, commitstatus.Submission{Lane: lane}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// run runs p's workers until the returned stop is called or the test ends.
+func run(t *testing.T, p *commitstatus.Publisher) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// waitPosted waits until the forge holds n contexts on commit.
+func waitPosted(t *testing.T, tg Target, commit string, n int) {
+	t.Helper()
+	poll.Until(t, "the statuses posted", func() (bool, string) {
+		got := len(tg.Forge.Latest(commit))
+		return got >= n, fmt.Sprintf("%d of %d posted, %d refused", got, n, tg.Forge.Refused())
+	})
 }

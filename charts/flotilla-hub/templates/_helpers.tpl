@@ -143,6 +143,7 @@ pod's environment or in the release's values.
 {{- with $open }}{{ $_ := set $fetch "openPullRequests" . }}{{ end -}}
 {{- with $fetch }}{{ $_ := set $heads "fetch" . }}{{ end -}}
 {{- with $heads }}{{ $_ := set $cfg "heads" . }}{{ end -}}
+{{- with ($v.statuses | default dict).summaryThreshold }}{{ $_ := set $cfg "statuses" (dict "summaryThreshold" (int64 .)) }}{{ end -}}
 {{- $sources := list -}}
 {{- range $v.sources -}}
 {{- $dir := printf "secrets/sources/%s" .name -}}
@@ -191,6 +192,7 @@ pod's environment or in the release's values.
 {{- range $k := list "url" "owner" "repo" "project" -}}
 {{- with get $st $k }}{{ $_ := set $statuses $k . }}{{ end -}}
 {{- end -}}
+{{- with $st.summaryThreshold }}{{ $_ := set $statuses "summaryThreshold" (int64 .) }}{{ end -}}
 {{- with $st.token -}}
 {{- if .existingSecret -}}
 {{- $files = append $files (dict "secret" .existingSecret "key" (.key | default "token") "path" (printf "%s/forge-token" $dir)) -}}

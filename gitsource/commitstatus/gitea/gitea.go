@@ -60,13 +60,15 @@ type Options struct {
 
 // Backend is a commitstatus.Backend over a Gitea repository. It is safe for concurrent use.
 type Backend struct {
-	opts Options
-	hc   *http.Client
+	opts  Options
+	hc    *http.Client
+	quota *commitstatus.QuotaTracker
 }
 
 var (
 	_ commitstatus.Backend           = (*Backend)(nil)
 	_ commitstatus.PullRequestLister = (*Backend)(nil)
+	_ commitstatus.Limited           = (*Backend)(nil)
 )
 
 // New prepares a backend. It makes no request: the hub must start, and reconcile its
@@ -92,11 +94,24 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.Token == "" {
 		return nil, fmt.Errorf("gitea: %s/%s: no token", opts.Owner, opts.Repo)
 	}
-	hc := opts.HTTPClient
-	if hc == nil {
-		hc = &http.Client{Timeout: defaultTimeout}
+	hc := &http.Client{Timeout: defaultTimeout}
+	if opts.HTTPClient != nil {
+		c := *opts.HTTPClient
+		hc = &c
 	}
-	return &Backend{opts: opts, hc: hc}, nil
+	// Gitea itself limits no API request (go-gitea/gitea#9559 asks for it); an
+	// administrator limits it with a proxy in front, which refuses with 429 and
+	// Retry-After, and may state its budget in X-RateLimit-* headers, read here when
+	// they carry an epoch reset as GitHub's do.
+	quota := &commitstatus.QuotaTracker{Prefix: "X-RateLimit-"}
+	hc.Transport = quota.Transport(hc.Transport)
+	return &Backend{opts: opts, hc: hc, quota: quota}, nil
+}
+
+// Limits are what a proxy in front of Gitea stated of its budget, if anything.
+func (b *Backend) Limits() commitstatus.Limits {
+	q, ok := b.quota.Quota()
+	return commitstatus.Limits{Quota: q, Stated: ok}
 }
 
 // client returns an SDK client bound to ctx. The SDK keeps one context per client,

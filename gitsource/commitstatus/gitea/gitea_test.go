@@ -41,6 +41,7 @@ func TestSuite(t *testing.T) {
 			SetPullRequest: func(_ *testing.T, number int, base string, open bool) {
 				srv.SetPullRequest(number, base, open)
 			},
+			SetRateLimit: srv.SetRateLimit,
 		}
 	})
 }

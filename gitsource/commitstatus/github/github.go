@@ -51,7 +51,20 @@ type Options struct {
 	// HTTPClient is the client requests go through; its transport is the base that
 	// authentication wraps. Nil for a default client.
 	HTTPClient *http.Client
+	// ContentLimits bound how fast statuses are created. GitHub documents secondary
+	// limits on content-generating requests that no answer states until one is refused:
+	// "no more than 80 content-generating requests per minute and no more than 500
+	// content-generating requests per hour". Nil applies those on github.com and none
+	// on a GitHub Enterprise Server, where rate limits are off unless its administrator
+	// turned them on.
+	ContentLimits []commitstatus.Rate
 }
+
+// DefaultContentLimits are github.com's documented secondary limits on creating content.
+var DefaultContentLimits = []commitstatus.Rate{{N: 80, Per: time.Minute}, {N: 500, Per: time.Hour}}
+
+// RateWindow is the period of GitHub's primary rate limit: "5,000 requests per hour".
+const RateWindow = time.Hour
 
 // App names a GitHub App installation and holds the app's private key.
 type App struct {
@@ -66,9 +79,14 @@ type Backend struct {
 	client *gh.Client
 	owner  string
 	repo   string
+	quota  *commitstatus.QuotaTracker
+	writes []commitstatus.Rate
 }
 
-var _ commitstatus.Backend = (*Backend)(nil)
+var (
+	_ commitstatus.Backend = (*Backend)(nil)
+	_ commitstatus.Limited = (*Backend)(nil)
+)
 
 // New checks opts and returns a backend; nothing is sent until the first Set or Latest.
 func New(opts Options) (*Backend, error) {
@@ -93,9 +111,18 @@ func New(opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("github: %s: %w", repo, err)
 	}
-	hc := opts.HTTPClient
-	if hc == nil {
-		hc = &http.Client{}
+	// Every answer states the budget left: X-RateLimit-* of the "core" resource, which
+	// the status endpoints count against.
+	quota := &commitstatus.QuotaTracker{Prefix: "X-RateLimit-", Window: RateWindow, Resource: "core"}
+	hc := &http.Client{}
+	if opts.HTTPClient != nil {
+		c := *opts.HTTPClient
+		hc = &c
+	}
+	hc.Transport = quota.Transport(hc.Transport)
+	writes := opts.ContentLimits
+	if writes == nil && base == DefaultBaseURL {
+		writes = DefaultContentLimits
 	}
 	clientOpts := []gh.ClientOptionsFunc{
 		gh.WithHTTPClient(hc),
@@ -115,7 +142,14 @@ func New(opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("github: %s: %w", repo, err)
 	}
-	return &Backend{client: client, owner: opts.Owner, repo: opts.Repo}, nil
+	return &Backend{client: client, owner: opts.Owner, repo: opts.Repo, quota: quota, writes: writes}, nil
+}
+
+// Limits are the budget GitHub stated in its newest answer and the limits on creating
+// content (see Options.ContentLimits).
+func (b *Backend) Limits() commitstatus.Limits {
+	q, ok := b.quota.Quota()
+	return commitstatus.Limits{Quota: q, Stated: ok, Writes: b.writes}
 }
 
 // baseURL checks the API root and gives it the trailing slash go-github resolves paths

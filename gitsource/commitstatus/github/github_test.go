@@ -30,6 +30,8 @@ func TestSuite(t *testing.T) {
 			SetPullRequest: func(_ *testing.T, number int, base string, open bool) {
 				srv.SetPullRequest(number, base, open)
 			},
+			SetRateLimit: srv.SetRateLimit,
+			StatesBudget: true,
 		}
 	})
 }

@@ -48,12 +48,18 @@ type Options struct {
 type Backend struct {
 	client  *gl.Client
 	project string
+	quota   *commitstatus.QuotaTracker
 }
 
 var (
 	_ commitstatus.Backend           = (*Backend)(nil)
 	_ commitstatus.PullRequestLister = (*Backend)(nil)
+	_ commitstatus.Limited           = (*Backend)(nil)
 )
+
+// RateWindow is the period of GitLab's RateLimit-Limit: "the request quota for the
+// client each minute".
+const RateWindow = time.Minute
 
 // New returns a Backend for opts.Project on the GitLab at opts.URL.
 func New(opts Options) (*Backend, error) {
@@ -77,14 +83,29 @@ func New(opts Options) (*Backend, error) {
 		// and hide the forge's answers from it.
 		gl.WithoutRetries(),
 	}
+	// GitLab states its budget in RateLimit-* headers on the answers it refuses for a
+	// rate limit (doc/administration/settings/user_and_ip_rate_limits.md, "Response
+	// headers"), not on the others: the Publisher learns the limit at the first refusal
+	// and paces by it from then on.
+	quota := &commitstatus.QuotaTracker{Prefix: "RateLimit-", Window: RateWindow}
+	hc := &http.Client{}
 	if opts.HTTPClient != nil {
-		copts = append(copts, gl.WithHTTPClient(opts.HTTPClient))
+		c := *opts.HTTPClient
+		hc = &c
 	}
+	hc.Transport = quota.Transport(hc.Transport)
+	copts = append(copts, gl.WithHTTPClient(hc))
 	c, err := gl.NewClient(opts.Token, copts...)
 	if err != nil {
 		return nil, fmt.Errorf("gitlab: project %s: %w", opts.Project, err)
 	}
-	return &Backend{client: c, project: opts.Project}, nil
+	return &Backend{client: c, project: opts.Project, quota: quota}, nil
+}
+
+// Limits are the budget GitLab stated when it last refused a request, if it did.
+func (b *Backend) Limits() commitstatus.Limits {
+	q, ok := b.quota.Quota()
+	return commitstatus.Limits{Quota: q, Stated: ok}
 }
 
 // ForgeState is GitLab's state for a flotilla state. GitLab has no error state: an

@@ -40,6 +40,7 @@ func TestSuite(t *testing.T) {
 			SetPullRequest: func(_ *testing.T, iid int, targetBranch string, open bool) {
 				srv.SetMergeRequest(iid, targetBranch, open)
 			},
+			SetRateLimit: srv.SetRateLimit,
 		}
 	})
 }

@@ -128,6 +128,11 @@ const (
 	// SourceDigestAnnotation is a digest of those inputs, so that a hub re-reading
 	// everything after a restart can tell which clusters really changed.
 	SourceDigestAnnotation = "flotilla.dev/source-digest"
+	// EnrollmentBlobAnnotation is git's object name of the enrollment file whose token
+	// hash is spec.enrollmentTokenHash, so that a hub that starts afresh on a fleet it
+	// enrolled before decrypts (asks the key service about) only the files that
+	// changed.
+	EnrollmentBlobAnnotation = "flotilla.dev/enrollment-blob"
 	// DecommissionAnnotation marks a cluster whose directory left the fleet: the agent
 	// is asked to prune what it owns before the WorkerCluster is deleted.
 	DecommissionAnnotation = "flotilla.dev/decommission"

@@ -144,6 +144,10 @@ func signed(r *http.Request) bool { v, _ := r.Context().Value(signedKey{}).(bool
 func (s *Server) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if f, ok := s.Store.Begin(r.Method, r.URL.Path); ok {
+			if f.Quota != nil {
+				s.proxyRefusal(w, f)
+				return
+			}
 			if f.RetryAfter > 0 {
 				w.Header().Set("Retry-After", strconv.Itoa(int((f.RetryAfter+time.Second-1)/time.Second)))
 			}
@@ -165,6 +169,26 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 		next.ServeHTTP(w, r)
 	})
 }
+
+// SetRateLimit puts a rate-limiting proxy in front of the server, accepting limit
+// requests per window. Gitea itself limits no API request (go-gitea/gitea#9559, "API
+// Rate Limiting", is open) and states no budget in its answers; its administrators limit
+// it in a reverse proxy. The proxy modelled is Traefik's RateLimit middleware: 429 with a
+// plain-text body and Retry-After, nothing about the budget before it refuses.
+func (s *Server) SetRateLimit(limit int, window time.Duration) {
+	s.Store.SetRateLimit(limit, window)
+}
+
+// proxyRefusal is the proxy's answer to a request over its limit.
+func (s *Server) proxyRefusal(w http.ResponseWriter, f forge.Fault) {
+	w.Header().Set("Retry-After", strconv.Itoa(int((f.RetryAfter+time.Second-1)/time.Second)))
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = fmt.Fprintln(w, http.StatusText(http.StatusTooManyRequests))
+}
+
+// AddCommit registers sha, a commit of a real repository, in the repository.
+func (s *Server) AddCommit(sha string) { s.Store.AddCommit(sha) }
 
 // bearer reads an access token from an Authorization header as Gitea's
 // httpauth.ParseAuthorizationHeader does: the scheme "token" or "Bearer", in any case,

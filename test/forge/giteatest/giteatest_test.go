@@ -443,3 +443,24 @@ func TestFaults(t *testing.T) {
 		t.Fatalf("faulted requests stored statuses: %d, want 1", n)
 	}
 }
+
+// Gitea limits no request itself; the proxy SetRateLimit puts in front of it refuses
+// the request past its limit with 429 and Retry-After, and states nothing before.
+func TestARateLimitingProxyRefusesWithRetryAfter(t *testing.T) {
+	srv := giteatest.Start(t)
+	sha := srv.NewCommit()
+	srv.SetRateLimit(2, time.Minute)
+	for i := range 2 {
+		code, h, _ := call(t, "GET", api(srv, "/commits/"+sha+"/status"), "token "+srv.Token, "")
+		if code != http.StatusOK || h.Get("X-RateLimit-Remaining") != "" || h.Get("RateLimit-Remaining") != "" {
+			t.Fatalf("request %d: %d, with budget headers %v", i+1, code, h)
+		}
+	}
+	code, h, body := call(t, "GET", api(srv, "/commits/"+sha+"/status"), "token "+srv.Token, "")
+	if code != http.StatusTooManyRequests || h.Get("Retry-After") == "" || h.Get("Retry-After") == "0" {
+		t.Fatalf("the request past the limit answered %d, Retry-After %q: %s", code, h.Get("Retry-After"), body)
+	}
+	if srv.Store.Refused() != 1 {
+		t.Fatalf("%d requests recorded as refused, want 1", srv.Store.Refused())
+	}
+}

@@ -200,6 +200,11 @@ func (s *Server) NewCommit() string {
 	return s.Store.NewCommit()
 }
 
+// AddCommit registers sha, a commit of a real repository, on the repository.
+func (s *Server) AddCommit(sha string) {
+	s.Store.AddCommit(sha)
+}
+
 // AddApp registers a GitHub App installed on the repository and returns the app's
 // private key, PEM-encoded as GitHub hands it out. The server then mints installation
 // tokens for a JWT the key signs.
@@ -511,6 +516,11 @@ func (s *Server) authenticate(r *http.Request) authResult {
 // exceed your primary rate limit, you will receive a 403 or 429 response, and the
 // x-ratelimit-remaining header will be 0."
 func (s *Server) rateLimited(w http.ResponseWriter) bool {
+	if q, ok := s.Store.Quota(); ok {
+		// A limit the test set: Begin counted this request against it already.
+		s.rateHeaders(w, q.Limit, q.Limit-q.Used, q.Used, q.Reset)
+		return false
+	}
 	now := time.Now()
 	s.mu.Lock()
 	if now.After(s.reset) {
@@ -529,22 +539,42 @@ func (s *Server) rateLimited(w http.ResponseWriter) bool {
 	used := s.used
 	s.mu.Unlock()
 
-	h := w.Header()
-	h.Set("X-RateLimit-Limit", strconv.Itoa(RateLimit))
-	h.Set("X-RateLimit-Remaining", strconv.Itoa(remaining))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(int64(math.Ceil(float64(reset.UnixNano())/1e9)), 10))
-	h.Set("X-RateLimit-Used", strconv.Itoa(used))
-	h.Set("X-RateLimit-Resource", "core")
+	s.rateHeaders(w, RateLimit, remaining, used, reset)
 	if exhausted {
 		s.error(w, http.StatusForbidden, apiError{Message: fmt.Sprintf(msgPrimary, s.nextRequestID()), DocumentationURL: docPrimary})
 	}
 	return exhausted
 }
 
+// rateHeaders are the X-RateLimit-* headers of the "core" budget; the reset is in epoch
+// seconds, rounded up so that a client waiting for it never comes early.
+func (s *Server) rateHeaders(w http.ResponseWriter, limit, remaining, used int, reset time.Time) {
+	h := w.Header()
+	h.Set("X-RateLimit-Limit", strconv.Itoa(limit))
+	h.Set("X-RateLimit-Remaining", strconv.Itoa(remaining))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(int64(math.Ceil(float64(reset.UnixNano())/1e9)), 10))
+	h.Set("X-RateLimit-Used", strconv.Itoa(used))
+	h.Set("X-RateLimit-Resource", "core")
+}
+
+// SetRateLimit makes the primary rate limit limit requests per window (the Store's),
+// stated in X-RateLimit-* on every answer; a request over it is answered as GitHub
+// answers an exhausted primary limit: 403, X-RateLimit-Remaining 0 and the reset.
+func (s *Server) SetRateLimit(limit int, window time.Duration) {
+	s.Store.SetRateLimit(limit, window)
+}
+
 // fault answers with an injected failure in GitHub's own words for its code: rate
 // limits as the secondary limit ("You have exceeded a secondary rate limit", with
 // Retry-After), a generic body for server errors.
 func (s *Server) fault(w http.ResponseWriter, f forge.Fault) {
+	if q := f.Quota; q != nil {
+		// "If you exceed your primary rate limit, you will receive a 403 or 429
+		// response, and the x-ratelimit-remaining header will be 0."
+		s.rateHeaders(w, q.Limit, 0, q.Used, q.Reset)
+		s.error(w, http.StatusForbidden, apiError{Message: fmt.Sprintf(msgPrimary, s.nextRequestID()), DocumentationURL: docPrimary})
+		return
+	}
 	if f.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(f.RetryAfter.Seconds()))))
 	}

@@ -15,6 +15,7 @@ import (
 	jwt "github.com/golang-jwt/jwt/v4"
 
 	"github.com/flotilla-gitops/flotilla/test/forge"
+	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
 // answer is one response, its body decoded.
@@ -557,5 +558,32 @@ func TestInstallationToken(t *testing.T) {
 				t.Fatalf("the installation token was refused: %d %v", st.code, st.body)
 			}
 		})
+	}
+}
+
+// A small primary limit runs out as GitHub's does: every answer counts it down in
+// X-RateLimit-*, the request past it is refused with 403 and remaining 0 until the
+// reset, and a new window begins after it.
+func TestASetRateLimitRunsOutAndRenews(t *testing.T) {
+	srv := Start(t)
+	sha := srv.NewCommit()
+	srv.SetRateLimit(3, time.Second)
+	for i := range 3 {
+		a := do(t, srv, http.MethodGet, combinedPath(srv, sha), bearer(srv.Token), nil)
+		if a.code != http.StatusOK || a.header.Get("X-RateLimit-Limit") != "3" || a.header.Get("X-RateLimit-Remaining") != strconv.Itoa(2-i) {
+			t.Fatalf("request %d: %d, limit %q remaining %q", i+1, a.code, a.header.Get("X-RateLimit-Limit"), a.header.Get("X-RateLimit-Remaining"))
+		}
+	}
+	a := do(t, srv, http.MethodGet, combinedPath(srv, sha), bearer(srv.Token), nil)
+	reset, _ := strconv.ParseInt(a.header.Get("X-RateLimit-Reset"), 10, 64)
+	if a.code != http.StatusForbidden || a.header.Get("X-RateLimit-Remaining") != "0" || !strings.Contains(fmt.Sprint(a.body["message"]), "API rate limit exceeded") {
+		t.Fatalf("the request past the limit answered %d remaining %q: %v", a.code, a.header.Get("X-RateLimit-Remaining"), a.body)
+	}
+	if srv.Store.Refused() != 1 {
+		t.Fatalf("%d requests recorded as refused, want 1", srv.Store.Refused())
+	}
+	poll.Until(t, "the reset", func() (bool, string) { return time.Now().Unix() >= reset, "" })
+	if a := do(t, srv, http.MethodGet, combinedPath(srv, sha), bearer(srv.Token), nil); a.code != http.StatusOK || a.header.Get("X-RateLimit-Remaining") != "2" {
+		t.Fatalf("after the reset: %d remaining %q", a.code, a.header.Get("X-RateLimit-Remaining"))
 	}
 }

@@ -129,6 +129,14 @@ func (s *Server) NewCommit() string {
 	return s.Store.NewCommit()
 }
 
+// SetRateLimit turns on the authenticated API request rate limit (off by default on a
+// self-managed GitLab) at limit requests per window. As Rack::Attack does, a request over
+// it is answered 429 "Retry later" with Retry-After and the RateLimit-* headers; the
+// answers it lets through state nothing of the budget.
+func (s *Server) SetRateLimit(limit int, window time.Duration) {
+	s.Store.SetRateLimit(limit, window)
+}
+
 // SetMergeRequest records merge request iid into targetBranch as open or closed, for
 // GET /projects/:id/merge_requests.
 func (s *Server) SetMergeRequest(iid int, targetBranch string, open bool) {
@@ -302,10 +310,18 @@ func (s *Server) fault(w http.ResponseWriter, r *http.Request, f forge.Fault) {
 	}
 	if f.Code == http.StatusTooManyRequests {
 		reset := time.Now().Add(time.Duration(secs) * time.Second)
+		// An injected fault stands for GitLab.com's authenticated API limit, 2,000 a
+		// minute; the limit SetRateLimit set is stated as GitLab states a limit of
+		// another period: "the request quota for the client each minute".
+		limit, observed := "2000", "2001"
+		if q := f.Quota; q != nil {
+			limit = strconv.Itoa(int(float64(q.Limit) * float64(time.Minute) / float64(q.Window)))
+			observed = strconv.Itoa(q.Used + 1)
+		}
 		h := w.Header()
 		h.Set("RateLimit-Name", "throttle_authenticated_api")
-		h.Set("RateLimit-Limit", "2000")
-		h.Set("RateLimit-Observed", "2001")
+		h.Set("RateLimit-Limit", limit)
+		h.Set("RateLimit-Observed", observed)
 		h.Set("RateLimit-Remaining", "0")
 		h.Set("RateLimit-Reset", strconv.FormatInt(reset.Unix(), 10))
 		h.Set("RateLimit-ResetTime", reset.UTC().Format(http.TimeFormat))

@@ -635,3 +635,26 @@ func TestFilledHistoryReadsAsJobs(t *testing.T) {
 		t.Fatalf("Count = %d, want 30", n)
 	}
 }
+
+// The authenticated API limit SetRateLimit turns on answers as Rack::Attack does: the
+// requests within it state nothing, the one past it is 429 "Retry later" with
+// Retry-After and RateLimit-* headers, its limit stated per minute.
+func TestARateLimitRefusesAsRackAttack(t *testing.T) {
+	srv := gitlabtest.Start(t)
+	sha := srv.NewCommit()
+	srv.SetRateLimit(2, time.Second)
+	for i := range 2 {
+		a := do(t, srv, http.MethodGet, statusesPath(srv, sha), nil, nil)
+		if a.code != http.StatusOK || a.header.Get("RateLimit-Remaining") != "" {
+			t.Fatalf("request %d: %d, RateLimit-Remaining %q", i+1, a.code, a.header.Get("RateLimit-Remaining"))
+		}
+	}
+	a := do(t, srv, http.MethodGet, statusesPath(srv, sha), nil, nil)
+	h := a.header
+	if a.code != http.StatusTooManyRequests || strings.TrimSpace(string(a.body)) != "Retry later" {
+		t.Fatalf("the request past the limit answered %d %q", a.code, a.body)
+	}
+	if h.Get("RateLimit-Limit") != "120" || h.Get("RateLimit-Remaining") != "0" || h.Get("RateLimit-Reset") == "" || h.Get("Retry-After") == "" {
+		t.Fatalf("the refusal's headers: limit %q remaining %q reset %q retry-after %q", h.Get("RateLimit-Limit"), h.Get("RateLimit-Remaining"), h.Get("RateLimit-Reset"), h.Get("Retry-After"))
+	}
+}

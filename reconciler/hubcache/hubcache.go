@@ -1,4 +1,9 @@
-package main
+// Package hubcache is the hub's informer cache of the hub cluster: the WorkerClusters
+// flotilla manages and the tunnel's Secrets, in the sources' namespaces only. The
+// hub's reconciler, its status writer and the tunnel read from it, so that a sync, an
+// agent's authentication or a metrics scrape costs the hub cluster's API nothing
+// however large the fleet.
+package hubcache
 
 import (
 	"context"
@@ -17,10 +22,10 @@ import (
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 )
 
-// cacheSyncTimeout bounds the first list of what the cache holds.
-const cacheSyncTimeout = 2 * time.Minute
+// syncTimeout bounds the first list of what the cache holds.
+const syncTimeout = 2 * time.Minute
 
-// startCache starts an informer cache of the WorkerClusters flotilla manages and of
+// Start starts an informer cache of the WorkerClusters flotilla manages and of
 // the tunnel's Secrets (agent credentials and records of redeemed tokens, all labelled
 // with the worker's identity), with WorkerClusters indexed by identity
 // (tunnel.IndexIdentities), and returns once it holds them. The tunnel
@@ -28,7 +33,7 @@ const cacheSyncTimeout = 2 * time.Minute
 // agent nor a scrape costs the hub cluster's API a request. It watches only the
 // namespaces given, the sources', so that the hub needs no right to list the Secrets of
 // any other namespace: RBAC cannot bound a list by label.
-func startCache(ctx context.Context, rc *rest.Config, scheme *runtime.Scheme, namespaces []string) (cache.Cache, error) {
+func Start(ctx context.Context, rc *rest.Config, scheme *runtime.Scheme, namespaces []string) (cache.Cache, error) {
 	managed := labels.SelectorFromSet(labels.Set{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue})
 	hasIdentity, err := labels.NewRequirement(v1alpha1.WorkerClusterLabel, selection.Exists, nil)
 	if err != nil {
@@ -64,10 +69,10 @@ func startCache(ctx context.Context, rc *rest.Config, scheme *runtime.Scheme, na
 		}
 	}
 	go func() { _ = c.Start(ctx) }()
-	sctx, cancel := context.WithTimeout(ctx, cacheSyncTimeout)
+	sctx, cancel := context.WithTimeout(ctx, syncTimeout)
 	defer cancel()
 	if !c.WaitForCacheSync(sctx) {
-		return nil, fmt.Errorf("the cache of WorkerClusters and agent Secrets did not fill within %s: can the hub list and watch both?", cacheSyncTimeout)
+		return nil, fmt.Errorf("the cache of WorkerClusters and agent Secrets did not fill within %s: can the hub list and watch both?", syncTimeout)
 	}
 	return c, nil
 }

@@ -1,0 +1,261 @@
+package commitstatus
+
+import (
+	"container/list"
+	"context"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Submission says how a queued status is posted.
+type Submission struct {
+	Lane Lane
+	// FailuresOnly posts the status only if it is failing (failure or error), or if the
+	// commit already holds a status of its context, which is then kept current: how a
+	// change to many clusters shows each of them, beside a summary.
+	FailuresOnly bool
+	// Every, when positive, is the least time between two posts of the context on the
+	// commit that keep its state: a summary whose count moves with every cluster's
+	// report is posted at most once per Every, its newest form always, and a change of
+	// state at once.
+	Every time.Duration
+}
+
+// queued is a status waiting for a worker.
+type queued struct {
+	commit string
+	st     Status
+	sub    Submission
+	// notBefore is when Every lets it go.
+	notBefore time.Time
+	// elem is its place in its lane's list; nil while an older status of its context is
+	// being posted.
+	elem *list.Element
+}
+
+type queueKey struct{ commit, context string }
+
+// queue holds the statuses Submit was given until a worker posts them: the newest one
+// per commit and context, each lane first in, first out.
+type queue struct {
+	p   *Publisher
+	max int
+
+	mu      sync.Mutex
+	items   map[queueKey]*queued
+	lanes   [2]*list.List // of queueKey, by Lane
+	posting map[queueKey]bool
+	dropped int
+	changed chan struct{}
+}
+
+func newQueue(p *Publisher, max int) *queue {
+	return &queue{p: p, max: max, items: map[queueKey]*queued{}, lanes: [2]*list.List{list.New(), list.New()},
+		posting: map[queueKey]bool{}, changed: make(chan struct{})}
+}
+
+// signal wakes the workers to look again. The caller holds q.mu.
+func (q *queue) signal() {
+	close(q.changed)
+	q.changed = make(chan struct{})
+}
+
+// Submit queues st to become the newest status of its context on commit and returns at
+// once; the workers Run starts post it, unless a newer status of the context on the
+// commit replaces it first. A status submitted in the Urgent lane takes a queued one of
+// its context along, ahead of the Bulk lane.
+func (p *Publisher) Submit(commit string, st Status, sub Submission) error {
+	if err := check(commit, st); err != nil {
+		return err
+	}
+	if sub.Lane != Bulk {
+		sub.Lane = Urgent
+	}
+	q := p.queue
+	k := queueKey{commit, st.Context}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if it := q.items[k]; it != nil {
+		lane := min(it.sub.Lane, sub.Lane)
+		if it.elem != nil && lane != it.sub.Lane {
+			q.lanes[it.sub.Lane].Remove(it.elem)
+			it.elem = q.lanes[lane].PushBack(k)
+		}
+		// Every is judged again against the new status's state.
+		it.st, it.sub, it.notBefore = st, sub, time.Time{}
+		it.sub.Lane = lane
+		q.signal()
+		return nil
+	}
+	it := &queued{commit: commit, st: st, sub: sub}
+	q.items[k] = it
+	if !q.posting[k] {
+		it.elem = q.lanes[sub.Lane].PushBack(k)
+	}
+	if len(q.items) > q.max {
+		q.dropOldest()
+	}
+	q.signal()
+	return nil
+}
+
+// dropOldest drops the status queued longest, Bulk first. The caller holds q.mu.
+func (q *queue) dropOldest() {
+	for _, lane := range []Lane{Bulk, Urgent} {
+		if e := q.lanes[lane].Front(); e != nil {
+			k := q.lanes[lane].Remove(e).(queueKey)
+			delete(q.items, k)
+			q.dropped++
+			if q.dropped == 1 || q.dropped%1000 == 0 {
+				q.p.opts.Log.Warn("the queue of commit statuses is full; dropped the oldest", "dropped", q.dropped, "max", q.max, "context", k.context, "commit", k.commit)
+			}
+			return
+		}
+	}
+}
+
+// Pending is how many statuses are queued or being posted.
+func (p *Publisher) Pending() int {
+	q := p.queue
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := len(q.posting)
+	for k := range q.items {
+		if !q.posting[k] {
+			n++
+		}
+	}
+	return n
+}
+
+// Run posts the submitted statuses until ctx ends, with opts.UrgentWorkers workers on
+// the Urgent lane and opts.BulkWorkers on the Bulk lane, so that a wave's statuses
+// never occupy the workers a single change needs.
+func (p *Publisher) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for lane, n := range map[Lane]int{Urgent: p.opts.UrgentWorkers, Bulk: p.opts.BulkWorkers} {
+		for range n {
+			wg.Go(func() {
+				for {
+					it, ok := p.queue.next(ctx, lane)
+					if !ok {
+						return
+					}
+					p.post(ctx, it)
+				}
+			})
+		}
+	}
+	wg.Wait()
+}
+
+// post posts one queued status and lets its context's next one go.
+func (p *Publisher) post(ctx context.Context, it *queued) {
+	k := queueKey{it.commit, it.st.Context}
+	defer p.queue.done(k)
+	st := p.backend.Canonical(it.st)
+	unlock := p.keys.lock(it.commit + "\x00" + st.Context)
+	defer unlock()
+	_, err := p.deliver(ctx, it.commit, st, it.sub, p.opts.MaxPause, func() bool { return p.queue.superseded(k) })
+	if err != nil && ctx.Err() == nil {
+		p.opts.Log.Error("posting a commit status", "context", st.Context, "commit", it.commit, "lane", it.sub.Lane, "error", err)
+	}
+}
+
+// next takes the oldest status of lane that may go now, waiting for one; false once ctx
+// ends.
+func (q *queue) next(ctx context.Context, lane Lane) (*queued, bool) {
+	for {
+		q.mu.Lock()
+		now := q.p.opts.Clock.Now()
+		it, wake := q.take(lane, now)
+		changed := q.changed
+		q.mu.Unlock()
+		if it != nil {
+			return it, true
+		}
+		var t clock.Timer
+		var fire <-chan time.Time
+		if !wake.IsZero() {
+			t = q.p.opts.Clock.NewTimer(wake.Sub(now))
+			fire = t.C()
+		}
+		select {
+		case <-ctx.Done():
+		case <-changed:
+		case <-fire:
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if ctx.Err() != nil {
+			return nil, false
+		}
+	}
+}
+
+// take removes and returns the first status of lane that may go at now, marking its
+// context as being posted; otherwise it returns when the first held one may go (zero
+// for none). The caller holds q.mu.
+func (q *queue) take(lane Lane, now time.Time) (*queued, time.Time) {
+	var wake time.Time
+	hold := func(t time.Time) {
+		if wake.IsZero() || t.Before(wake) {
+			wake = t
+		}
+	}
+	for e := q.lanes[lane].Front(); e != nil; e = e.Next() {
+		k := e.Value.(queueKey)
+		it := q.items[k]
+		if it.notBefore.After(now) {
+			hold(it.notBefore)
+			continue
+		}
+		if it.sub.Every > 0 {
+			if at, ok := q.p.lastPosted(it.commit, q.p.backend.Canonical(it.st)); ok && at.Add(it.sub.Every).After(now) {
+				it.notBefore = at.Add(it.sub.Every)
+				hold(it.notBefore)
+				continue
+			}
+		}
+		q.lanes[lane].Remove(e)
+		it.elem = nil
+		delete(q.items, k)
+		q.posting[k] = true
+		return it, time.Time{}
+	}
+	return nil, wake
+}
+
+// done ends the posting of k and queues the status of k submitted meanwhile, if any.
+func (q *queue) done(k queueKey) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.posting, k)
+	if it := q.items[k]; it != nil && it.elem == nil {
+		it.elem = q.lanes[it.sub.Lane].PushBack(k)
+	}
+	q.signal()
+}
+
+// superseded reports whether a newer status of k waits behind the one being posted.
+func (q *queue) superseded(k queueKey) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.items[k] != nil
+}
+
+// lastPosted is when this process last posted st's context on commit, if the commit
+// still shows it in st's state: a summary that only counts on waits for Every.
+func (p *Publisher) lastPosted(commit string, st Status) (time.Time, bool) {
+	cs := p.cached(commit)
+	if cs == nil {
+		return time.Time{}, false
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	at, ok := cs.at[st.Context]
+	return at, ok && cs.latest[st.Context].State == st.State
+}

@@ -1,0 +1,158 @@
+package commitstatus_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/test/poll"
+)
+
+// run runs p's workers until the test ends.
+func run(t *testing.T, p *commitstatus.Publisher) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func (m *memory) count(commit, context string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sets[commit+"/"+context]
+}
+
+func (m *memory) latestOf(commit, context string) commitstatus.Status {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.latest[commit][context]
+}
+
+func settle(t *testing.T, p *commitstatus.Publisher) {
+	t.Helper()
+	poll.Until(t, "the queue drained", func() (bool, string) { return p.Pending() == 0, fmt.Sprintf("%d to post", p.Pending()) })
+}
+
+// Of the statuses of one context queued before a worker gets to them, only the newest
+// is posted: a cluster that went pending, configured and ready while the forge was slow
+// costs one request.
+func TestQueuedStatusesOfOneContextArePostedOnceAsTheNewest(t *testing.T) {
+	m := newMemory(0)
+	p := commitstatus.NewPublisher(m, quick)
+	for i, st := range []commitstatus.State{commitstatus.Pending, commitstatus.Pending, commitstatus.Success} {
+		if err := p.Submit(commit, commitstatus.Status{Context: "flotilla/a", State: st, Description: fmt.Sprint(i)}, commitstatus.Submission{Lane: commitstatus.Bulk}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := p.Pending(); n != 1 {
+		t.Fatalf("%d statuses queued, want 1", n)
+	}
+	run(t, p)
+	settle(t, p)
+	if n, got := m.count(commit, "flotilla/a"), m.latestOf(commit, "flotilla/a"); n != 1 || got.State != commitstatus.Success {
+		t.Fatalf("posted %d times, newest %+v; want once, the success", n, got)
+	}
+}
+
+// A summarized change posts a cluster's status only when it fails, and from then on
+// keeps it current, so that a recovered cluster does not stay red on the commit.
+func TestFailuresOnlyPostsFailuresAndKeepsThemCurrent(t *testing.T) {
+	m := newMemory(0)
+	p := commitstatus.NewPublisher(m, quick)
+	run(t, p)
+	sub := commitstatus.Submission{Lane: commitstatus.Bulk, FailuresOnly: true}
+	steps := []struct {
+		state  commitstatus.State
+		posted int
+	}{
+		{commitstatus.Pending, 0},
+		{commitstatus.Success, 0},
+		{commitstatus.Failure, 1},
+		{commitstatus.Pending, 2},
+		{commitstatus.Success, 3},
+	}
+	for _, s := range steps {
+		if err := p.Submit(commit, commitstatus.Status{Context: "flotilla/a", State: s.state}, sub); err != nil {
+			t.Fatal(err)
+		}
+		settle(t, p)
+		if n := m.count(commit, "flotilla/a"); n != s.posted {
+			t.Fatalf("after %s: %d posts, want %d", s.state, n, s.posted)
+		}
+	}
+}
+
+// A summary whose count moves while its state stays is posted at most once per Every,
+// as its newest form; a change of state goes at once.
+func TestASummaryThatKeepsItsStateWaitsItsTurn(t *testing.T) {
+	m := newMemory(0)
+	clock := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	opts := quick
+	opts.Clock = clock
+	p := commitstatus.NewPublisher(m, opts)
+	run(t, p)
+	sub := commitstatus.Submission{Lane: commitstatus.Urgent, Every: 10 * time.Second}
+	summary := func(st commitstatus.State, ready int) {
+		t.Helper()
+		if err := p.Submit(commit, commitstatus.Status{Context: "flotilla/fleet", State: st, Description: fmt.Sprintf("%d of 3 clusters ready", ready)}, sub); err != nil {
+			t.Fatal(err)
+		}
+	}
+	summary(commitstatus.Pending, 0)
+	settle(t, p)
+	summary(commitstatus.Pending, 1)
+	summary(commitstatus.Pending, 2)
+	poll.Until(t, "the count held back", func() (bool, string) {
+		return clock.HasWaiters() && p.Pending() == 1, fmt.Sprintf("%d to post", p.Pending())
+	})
+	if n := m.count(commit, "flotilla/fleet"); n != 1 {
+		t.Fatalf("the count was posted %d times within Every, want once", n)
+	}
+	clock.Step(10 * time.Second)
+	settle(t, p)
+	if got := m.latestOf(commit, "flotilla/fleet"); m.count(commit, "flotilla/fleet") != 2 || got.Description != "2 of 3 clusters ready" {
+		t.Fatalf("after Every: %d posts, newest %q; want 2, the newest count", m.count(commit, "flotilla/fleet"), got.Description)
+	}
+	summary(commitstatus.Success, 3)
+	settle(t, p)
+	if got := m.latestOf(commit, "flotilla/fleet"); got.State != commitstatus.Success {
+		t.Fatalf("a change of state waited: the summary is %s", got.State)
+	}
+}
+
+// A full queue drops its oldest Bulk status, never an Urgent one while Bulk ones wait.
+func TestAFullQueueDropsItsOldestBulkStatus(t *testing.T) {
+	m := newMemory(0)
+	opts := quick
+	opts.MaxQueued = 3
+	p := commitstatus.NewPublisher(m, opts)
+	submit := func(context string, lane commitstatus.Lane) {
+		if err := p.Submit(commit, commitstatus.Status{Context: context, State: commitstatus.Pending}, commitstatus.Submission{Lane: lane}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	submit("flotilla/urgent", commitstatus.Urgent)
+	submit("flotilla/b1", commitstatus.Bulk)
+	submit("flotilla/b2", commitstatus.Bulk)
+	submit("flotilla/b3", commitstatus.Bulk)
+	run(t, p)
+	settle(t, p)
+	for context, want := range map[string]int{"flotilla/urgent": 1, "flotilla/b1": 0, "flotilla/b2": 1, "flotilla/b3": 1} {
+		if n := m.count(commit, context); n != want {
+			t.Errorf("%s posted %d times, want %d", context, n, want)
+		}
+	}
+}
+
+func TestSubmitRefusesInvalidStatuses(t *testing.T) {
+	p := commitstatus.NewPublisher(newMemory(0), quick)
+	for _, st := range []commitstatus.Status{{Context: "c", State: "running"}, {State: commitstatus.Pending}} {
+		if err := p.Submit(commit, st, commitstatus.Submission{}); err == nil {
+			t.Errorf("Submit(%+v) = nil, want an error", st)
+		}
+	}
+}

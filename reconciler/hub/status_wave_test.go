@@ -1,0 +1,311 @@
+package hub
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"filippo.io/age"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/github"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	"github.com/flotilla-gitops/flotilla/reconciler/plan"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
+	"github.com/flotilla-gitops/flotilla/secrets"
+	"github.com/flotilla-gitops/flotilla/test/fleetgen"
+	"github.com/flotilla-gitops/flotilla/test/forge"
+	"github.com/flotilla-gitops/flotilla/test/forge/githubtest"
+	"github.com/flotilla-gitops/flotilla/test/gitserver"
+	"github.com/flotilla-gitops/flotilla/test/poll"
+	"github.com/flotilla-gitops/flotilla/test/sopstest"
+)
+
+// waveHub is a hub on the real hub cluster, following a fleet repository on the git
+// server and posting its statuses to a GitHub test server.
+type waveHub struct {
+	t     *testing.T
+	hub   *Hub
+	src   *Source
+	repo  *gitserver.Repo
+	forge *githubtest.Server
+	files map[string][]byte // the fleet at main's head
+}
+
+const wavePublicURL = "https://hub.example"
+
+func startWaveHub(t *testing.T, clusters, threshold int) *waveHub {
+	t.Helper()
+	ctx := t.Context()
+	c := planes[0].Client
+	ns := "wave-" + forge.RandomHex(4)
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A fleet of clusters whose enrollment files the hub's age key opens.
+	id := sopstest.NewIdentity(t)
+	dir := t.TempDir()
+	cfg := sopstest.WriteConfig(t, dir, sopstest.Rule{PathRegex: sopstest.EnrollmentPathRegex, EncryptedRegex: "^token$", Age: []*age.X25519Identity{id}})
+	token, err := secrets.NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	enrollment, err := secrets.EncryptEnrollment(cfg, filepath.Join(dir, "clusters", "x", fleet.EnrollmentFile), token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsys := fleetgen.Fleet(clusters, fleetgen.Options{})
+	files := map[string][]byte{}
+	for p, f := range fsys {
+		files[p] = f.Data
+		if path.Base(p) == fleet.EnrollmentFile {
+			files[p] = enrollment
+		}
+	}
+	repo := gitserver.Start(t).NewRepo(t, "fleet", writeFiles(t, files))
+
+	ids, err := secrets.NewIdentities(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := conditions.NewWriter(c)
+	tun, err := tunnel.New(tunnel.Options{Client: c, Status: status, AllowInsecureLoopback: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tun.Close)
+	h, err := New(Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids}), Tunnel: tun, Status: status,
+		Plans: plan.NewStore(0), PublicURL: wavePublicURL, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := githubtest.Start(t)
+	// A budget that a test does not wait on, stated on every answer as GitHub's is.
+	srv.SetRateLimit(100_000, time.Minute)
+	backend, err := github.New(github.Options{BaseURL: srv.URL, Owner: srv.Owner, Repo: srv.Repo, Token: srv.Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := h.AddSource(SourceOptions{Name: "fleet", Git: gitsource.Options{URL: repo.URL(), Branch: "main"}, Tenant: "example", Namespace: ns,
+		Statuses: backend, Poll: time.Hour, SummaryThreshold: threshold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The summary's count moves with every cluster; a test waits for its last form.
+	src.book.every = 100 * time.Millisecond
+	w := &waveHub{t: t, hub: h, src: src, repo: repo, forge: srv, files: files}
+	srv.AddCommit(repo.Head("main"))
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { src.Run(runCtx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return w
+}
+
+func writeFiles(t *testing.T, files map[string][]byte) string {
+	t.Helper()
+	dir := t.TempDir()
+	for p, data := range files {
+		full := filepath.Join(dir, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// commit commits changes on branch, registers the commit with the forge and returns it.
+func (w *waveHub) commit(branch, msg string, changes map[string][]byte) string {
+	sha := w.repo.Commit(branch, msg, changes)
+	w.forge.AddCommit(sha)
+	if branch == "main" {
+		maps.Copy(w.files, changes)
+	}
+	return sha
+}
+
+// edit is the file p of main's head with old replaced by new.
+func (w *waveHub) edit(p, old, new string) []byte {
+	w.t.Helper()
+	s := string(w.files[p])
+	if !strings.Contains(s, old) {
+		w.t.Fatalf("%s has no %q", p, old)
+	}
+	return []byte(strings.Replace(s, old, new, 1))
+}
+
+// settled waits until the forge shows the fleet's summary on commit as want says and
+// the publisher has nothing left to post, and returns the contexts the commit holds.
+func (w *waveHub) settled(commit string, want func(commitstatus.Status) bool) map[string]forge.Record {
+	w.t.Helper()
+	var got map[string]forge.Record
+	poll.Until(w.t, "the statuses of "+commit[:12], func() (bool, string) {
+		got = map[string]forge.Record{}
+		for _, r := range w.forge.Store.Latest(commit) {
+			got[r.Context] = r
+		}
+		f := got["flotilla/fleet"]
+		ok := want(commitstatus.Status{Context: f.Context, State: commitstatus.State(f.State), Description: f.Description, TargetURL: f.TargetURL})
+		return ok && w.src.publisher.Pending() == 0, fmt.Sprintf("fleet %s %q; %d contexts; %d to post", f.State, f.Description, len(got), w.src.publisher.Pending())
+	})
+	return got
+}
+
+func (w *waveHub) page(commit, suffix string) (int, string) {
+	rec := httptest.NewRecorder()
+	w.hub.CommitPages().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, CommitPath("fleet", commit)+suffix, nil))
+	body, _ := io.ReadAll(rec.Body)
+	return rec.Code, string(body)
+}
+
+// A change to more clusters than the threshold posts a status only for the clusters that
+// fail, beside the fleet's summary, which links to a page of every cluster; a change to
+// one cluster posts its status; a pull request's plan is posted whatever it touches.
+func TestAWaveOverTheThresholdPostsOnlyItsFailuresAndTheSummary(t *testing.T) {
+	const clusters, threshold = 8, 3
+	w := startWaveHub(t, clusters, threshold)
+	first := w.repo.Head("main")
+
+	t.Run("the first read touches every cluster and posts the summary alone", func(t *testing.T) {
+		got := w.settled(first, func(st commitstatus.Status) bool { return strings.Contains(st.Description, "0 of 8 clusters ready") })
+		if len(got) != 1 {
+			t.Fatalf("the first head holds %v, want the fleet's summary alone: no cluster fails", slices.Sorted(maps.Keys(got)))
+		}
+	})
+
+	// A fleet-wide change that breaks two clusters, and a pull request that touches
+	// every cluster.
+	broken := []string{fleetgen.ClusterName(1), fleetgen.ClusterName(6)}
+	changes := map[string][]byte{fleet.FleetFile: w.edit(fleet.FleetFile, "    - ml-training\n", "    - ml-training\n    - ml-eval\n")}
+	for _, name := range broken {
+		p := path.Join(fleet.ClustersDir, name, fleet.ClusterFile)
+		changes[p] = w.edit(p, "residency: ", "residency: moon-")
+	}
+	w.repo.Branch("main", "wide")
+	prHead := w.commit("wide", "every cluster gets a priority class", map[string][]byte{fleet.FleetFile: w.edit(fleet.FleetFile, "    - ml-training\n", "    - ml-training\n    - ml-batch\n")})
+	w.repo.SetRef("refs/pull/1/head", "wide")
+	wave := w.commit("main", "a second workload namespace everywhere", changes)
+	w.src.Trigger()
+
+	t.Run("a wave posts its failures and the summary, which links to the commit's page", func(t *testing.T) {
+		got := w.settled(wave, func(st commitstatus.Status) bool { return strings.Contains(st.Description, "2 failing") })
+		want := []string{"flotilla/fleet", "flotilla/" + broken[0], "flotilla/" + broken[1]}
+		if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, want) {
+			t.Fatalf("the wave's commit holds %v, want %v", keys, want)
+		}
+		for _, name := range broken {
+			if st := got["flotilla/"+name]; st.State != "failure" {
+				t.Errorf("%s is %s %q, want failure", name, st.State, st.Description)
+			}
+		}
+		f := got["flotilla/fleet"]
+		if f.State != "failure" || !strings.Contains(f.Description, "0 of 8 clusters ready, 2 failing") {
+			t.Errorf("the summary is %s %q", f.State, f.Description)
+		}
+		if want := wavePublicURL + CommitPath("fleet", wave); f.TargetURL != want {
+			t.Errorf("the summary links to %q, want %q", f.TargetURL, want)
+		}
+	})
+
+	t.Run("the commit's page lists every cluster", func(t *testing.T) {
+		code, body := w.page(wave, ".json")
+		if code != http.StatusOK {
+			t.Fatalf("GET the page: %d %s", code, body)
+		}
+		var p CommitPage
+		if err := json.Unmarshal([]byte(body), &p); err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Clusters) != clusters || p.Counts[commitstatus.Failure] != 2 || p.Counts[commitstatus.Pending] != clusters-2 {
+			t.Fatalf("the page lists %d clusters, %v; want %d, 2 failing", len(p.Clusters), p.Counts, clusters)
+		}
+		if p.Clusters[0].State != commitstatus.Failure || p.Clusters[1].State != commitstatus.Failure {
+			t.Errorf("the page does not list the failures first: %+v", p.Clusters[:2])
+		}
+		code, html := w.page(wave, "")
+		if code != http.StatusOK {
+			t.Fatalf("GET the page: %d", code)
+		}
+		for i := range clusters {
+			if !strings.Contains(html, fleetgen.ClusterName(i)) {
+				t.Errorf("the page does not list %s", fleetgen.ClusterName(i))
+			}
+		}
+	})
+
+	t.Run("the pull request's plan is posted whatever it touches", func(t *testing.T) {
+		poll.Until(t, "the plan of the pull request", func() (bool, string) {
+			got := w.forge.Store.Latest(prHead)
+			return len(got) == 1 && got[0].Context == "flotilla/plan", fmt.Sprintf("%v", got)
+		})
+		got := w.forge.Store.Latest(prHead)[0]
+		if got.State != "success" || !strings.HasPrefix(got.TargetURL, wavePublicURL+plan.PathPrefix) {
+			t.Errorf("the plan is %s %q linking to %q", got.State, got.Description, got.TargetURL)
+		}
+	})
+
+	t.Run("a change to one cluster posts its status", func(t *testing.T) {
+		name := fleetgen.ClusterName(3)
+		p := path.Join(fleet.ClustersDir, name, fleet.ClusterFile)
+		one := w.commit("main", "cordon one", map[string][]byte{p: w.edit(p, "cordoned: false", "cordoned: true")})
+		w.src.Trigger()
+		got := w.settled(one, func(st commitstatus.Status) bool { return st.State != "" })
+		if _, ok := got["flotilla/"+name]; !ok || len(got) != 2 {
+			t.Fatalf("the commit holds %v, want the fleet's summary and %s", slices.Sorted(maps.Keys(got)), name)
+		}
+	})
+
+	t.Run("a push of several commits puts each cluster's status on the newest commit that touched it", func(t *testing.T) {
+		a, b := fleetgen.ClusterName(4), fleetgen.ClusterName(5)
+		pa, pb := path.Join(fleet.ClustersDir, a, fleet.ClusterFile), path.Join(fleet.ClustersDir, b, fleet.ClusterFile)
+		touchedFirst := w.commit("main", "cordon a", map[string][]byte{pa: w.edit(pa, "cordoned: false", "cordoned: true")})
+		touchedB := w.commit("main", "cordon b", map[string][]byte{pb: w.edit(pb, "cordoned: false", "cordoned: true")})
+		touchedA := w.commit("main", "more memory on a", map[string][]byte{pa: w.edit(pa, "memory: ", "memory: 1")})
+		head := w.commit("main", "docs", map[string][]byte{"README.md": []byte("nothing the hub reads\n")})
+		w.src.Trigger()
+		w.settled(head, func(st commitstatus.Status) bool { return st.State != "" })
+		for _, want := range []struct{ commit, cluster string }{{touchedA, a}, {touchedB, b}} {
+			poll.Until(t, want.cluster+"'s status on "+want.commit[:12], func() (bool, string) {
+				got := w.forge.Store.Latest(want.commit)
+				return len(got) == 1 && got[0].Context == "flotilla/"+want.cluster, fmt.Sprint(got)
+			})
+		}
+		for _, r := range w.forge.Store.Latest(head) {
+			if r.Context != "flotilla/fleet" {
+				t.Errorf("the head, which touched no cluster, holds %s", r.Context)
+			}
+		}
+		if got := w.forge.Store.Latest(touchedFirst); len(got) != 0 {
+			t.Errorf("the commit a newer one superseded holds %v", got)
+		}
+	})
+
+	t.Run("a page of a commit the hub does not keep is not found", func(t *testing.T) {
+		if code, _ := w.page(strings.Repeat("0", 40), ""); code != http.StatusNotFound {
+			t.Errorf("GET an unknown commit's page: %d, want 404", code)
+		}
+		if code, _ := w.page("main", ""); code != http.StatusBadRequest {
+			t.Errorf("GET a page by branch name: %d, want 400", code)
+		}
+	})
+}
