@@ -165,20 +165,10 @@ func (p *pacer) wait(ctx context.Context, lane Lane, write bool, limit time.Dura
 		changed := p.changed
 		p.mu.Unlock()
 
-		var t clock.Timer
-		var fire <-chan time.Time
-		if !blocked {
-			t = p.clock.NewTimer(d)
-			fire = t.C()
+		if blocked {
+			d = -1
 		}
-		select {
-		case <-ctx.Done():
-		case <-changed:
-		case <-fire:
-		}
-		if t != nil {
-			t.Stop()
-		}
+		waitFor(ctx, p.clock, d, changed)
 		if err := ctx.Err(); err != nil {
 			return time.Time{}, err
 		}
@@ -269,4 +259,20 @@ func (p *pacer) setLimits(l Limits) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.learn(l)
+}
+
+// waitFor returns when ctx ends, changed is closed or signalled, or d has passed on c;
+// a negative d waits for the first two alone.
+func waitFor(ctx context.Context, c clock.Clock, d time.Duration, changed <-chan struct{}) {
+	var fire <-chan time.Time
+	if d >= 0 {
+		t := c.NewTimer(d)
+		defer t.Stop()
+		fire = t.C()
+	}
+	select {
+	case <-ctx.Done():
+	case <-changed:
+	case <-fire:
+	}
 }

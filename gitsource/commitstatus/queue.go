@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/utils/clock"
 )
 
 // Submission says how a queued status is posted.
@@ -176,20 +175,11 @@ func (q *queue) next(ctx context.Context, lane Lane) (*queued, bool) {
 		if it != nil {
 			return it, true
 		}
-		var t clock.Timer
-		var fire <-chan time.Time
+		d := time.Duration(-1)
 		if !wake.IsZero() {
-			t = q.p.opts.Clock.NewTimer(wake.Sub(now))
-			fire = t.C()
+			d = max(wake.Sub(now), 0)
 		}
-		select {
-		case <-ctx.Done():
-		case <-changed:
-		case <-fire:
-		}
-		if t != nil {
-			t.Stop()
-		}
+		waitFor(ctx, q.p.opts.Clock, d, changed)
 		if ctx.Err() != nil {
 			return nil, false
 		}
