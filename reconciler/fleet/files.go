@@ -261,7 +261,7 @@ func readResolved(fsys fs.FS, p, real string, info fs.FileInfo, e errs, m *meter
 	if sfs, ok := fsys.(SharedFS); ok {
 		data, err = sfs.ReadShared(real)
 	} else {
-		data, err = readLimited(fsys, real)
+		data, err = readLimited(fsys, real, info.Size())
 	}
 	if err != nil {
 		e.whole("cannot read: %v", unwrapPathError(err))
@@ -278,13 +278,32 @@ func readResolved(fsys fs.FS, p, real string, info fs.FileInfo, e errs, m *meter
 	return data, true
 }
 
-func readLimited(fsys fs.FS, p string) ([]byte, error) {
+// readLimited reads at most MaxFileSize+1 bytes of the file p, which its stat says is
+// size bytes long. The buffer is made for that size and one byte more, so that a file
+// that kept its size is read in one call and its end found in the next; io.ReadAll,
+// starting small and doubling, allocated twice what a fleet's files hold. A file that
+// grew since is read on, up to the limit.
+func readLimited(fsys fs.FS, p string, size int64) ([]byte, error) {
 	f, err := fsys.Open(p)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	r := io.LimitReader(f, MaxFileSize+1)
+	data := make([]byte, 0, min(max(size, 0), MaxFileSize)+1)
+	for {
+		if len(data) == cap(data) {
+			data = append(data, 0)[:len(data)]
+		}
+		n, err := r.Read(data[len(data):cap(data)])
+		data = data[:len(data)+n]
+		if errors.Is(err, io.EOF) {
+			return data, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }
 
 // readTree reads every file below dir, keyed by its path from the repository's root,

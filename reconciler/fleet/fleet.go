@@ -406,8 +406,15 @@ func lstat(fsys fs.FS, p string) (fs.FileInfo, error) {
 
 // digest hashes a set of files by path and content.
 func digest(files map[string][]byte) string {
+	// A cluster has a handful of files; their paths are sorted without an allocation.
+	var buf [8]string
+	paths := buf[:0]
+	for p := range files {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
 	h := sha256.New()
-	for _, p := range slices.Sorted(maps.Keys(files)) {
+	for _, p := range paths {
 		h.Write([]byte(p))
 		h.Write([]byte{0})
 		var n [8]byte

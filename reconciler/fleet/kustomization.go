@@ -70,6 +70,15 @@ const (
 // the render stays within MaxRenderObjects and MaxRenderInput, counted over all of
 // dirs, since nothing stops kustomize once it runs.
 func ProveLocal(files map[string][]byte, dirs ...string) ErrorList {
+	_, errs := LocalInputs(files, dirs...)
+	return errs
+}
+
+// LocalInputs is ProveLocal that, when the proof holds, also names every file of files
+// that kustomize reads when it runs in dirs: each kustomization it loads and each file
+// they name, sorted. Kustomize's output is made of these files, their content and where
+// they lie, and of nothing else in files; a caller may cache it by them.
+func LocalInputs(files map[string][]byte, dirs ...string) ([]string, ErrorList) {
 	w := newKustomizeWalk(newFileSet(files), "", func(string) bool { return false })
 	for _, d := range dirs {
 		// A caller names these directories in a kustomization of its own, such as
@@ -80,8 +89,25 @@ func ProveLocal(files map[string][]byte, dirs ...string) ErrorList {
 		}
 		w.walk(d)
 	}
-	w.out.Sort()
-	return slices.Compact(w.out)
+	if len(w.out) > 0 {
+		w.out.Sort()
+		return nil, slices.Compact(w.out)
+	}
+	// Without errors, every kustomization reached was checked whole and its files found.
+	var inputs []string
+	for file, k := range w.checked {
+		if k == nil {
+			continue
+		}
+		inputs = append(inputs, file)
+		for _, in := range k.refs {
+			if !in.dir {
+				inputs = append(inputs, in.target)
+			}
+		}
+	}
+	slices.Sort(inputs)
+	return slices.Compact(inputs), nil
 }
 
 // checkKustomizations checks the kustomization in dir, a preset's or a cluster's

@@ -13,9 +13,9 @@ import (
 // checkCredentialLifetime checks the credential lifetime at path (a mapping entry under
 // spec) from the YAML itself, before the document is decoded, so that a value Go cannot
 // read as a duration, such as 90d, is placed at its own line with how to write it rather
-// than failing the whole decode at the top of the file. A bad value is taken out of v,
-// the document's value about to be decoded; ok is false then.
-func checkCredentialLifetime(root *yaml.Node, v any, e errs, path ...string) bool {
+// than failing the whole decode at the top of the file. A bad value is left out of the
+// decode by edits; ok is false then.
+func checkCredentialLifetime(root *yaml.Node, edits *jsonEdits, e errs, path ...string) bool {
 	n := valueAt(root, path...)
 	if n == nil || n.ShortTag() == "!!null" {
 		return true
@@ -35,12 +35,7 @@ func checkCredentialLifetime(root *yaml.Node, v any, e errs, path ...string) boo
 	// At the key, as every other field's error.
 	k := locate(root, path...)
 	e.at(k.Line, k.Column, "%s", msg)
-	// The value's parent mapping, as the decode will see it.
-	m, _ := v.(map[string]any)
-	for _, seg := range path[:len(path)-1] {
-		m, _ = m[seg].(map[string]any)
-	}
-	delete(m, path[len(path)-1])
+	edits.leaveOut(n)
 	return false
 }
 

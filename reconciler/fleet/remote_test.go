@@ -345,3 +345,27 @@ func TestProveLocalRefusesDirectoriesOutsidePresetsAndClusters(t *testing.T) {
 		wantOnlyError(t, fleet.ProveLocal(files, dir), dir, 0, 0, "kustomize may only run on a directory of presets/ or clusters/")
 	}
 }
+
+func TestLocalInputsNamesTheFilesKustomizeReadsAndNoOther(t *testing.T) {
+	files := map[string][]byte{}
+	for p, f := range fleetgen.Template() {
+		files[p] = f.Data
+	}
+	files[overlayFile] = []byte(fleetgen.Overlay)
+	files[exampleDir+"/priority.yaml"] = []byte(fleetgen.OverlayPriority)
+	inputs, errs := fleet.LocalInputs(files, "presets/gpu", exampleDir)
+	if len(errs) > 0 {
+		t.Fatalf("the template's preset and overlay are not proven local:\n%s", describe(errs))
+	}
+	// Not cluster.yaml, with the quota, nor the enrollment file, nor the other preset.
+	want := []string{exampleDir + "/kustomization.yaml", exampleDir + "/priority.yaml", "presets/gpu/kustomization.yaml", "presets/gpu/queues.yaml"}
+	if fmt.Sprint(inputs) != fmt.Sprint(want) {
+		t.Errorf("inputs are %q, want %q", inputs, want)
+	}
+	files["presets/gpu/kustomization.yaml"] = []byte("resources:\n  - github.com/org/repo//dir\n")
+	inputs, errs = fleet.LocalInputs(files, "presets/gpu", exampleDir)
+	wantOnlyError(t, errs, "presets/gpu/kustomization.yaml", 2, 5, `"github.com/org/repo//dir" is remote`)
+	if inputs != nil {
+		t.Errorf("inputs %q named for a fleet that is not proven local", inputs)
+	}
+}

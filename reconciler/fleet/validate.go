@@ -35,14 +35,14 @@ func loadFleetFile(fsys fs.FS, list *ErrorList) *v1alpha1.Fleet {
 	if !ok {
 		return nil
 	}
-	v, err := toValue(root)
-	if err != nil {
+	if err := checkValues(root); err != nil {
 		e.at(root.Line, root.Column, "%v", err)
 		return nil
 	}
-	lifetimeOK := checkCredentialLifetime(root, v, e, "spec", "credentialLifetime")
+	var edits jsonEdits
+	lifetimeOK := checkCredentialLifetime(root, &edits, e, "spec", "credentialLifetime")
 	var fl v1alpha1.Fleet
-	if !decodeValue(root, v, &fl, e) {
+	if !decodeValue(root, &edits, &fl, e) {
 		return nil
 	}
 	before := len(*list)
@@ -227,41 +227,41 @@ func hasError(list ErrorList, file string) bool {
 }
 
 // decodeCluster decodes cluster.yaml. Quota values are checked first, from the YAML
-// itself, so that a bad quantity is placed at its line instead of failing the decode.
+// itself, so that a bad quantity is placed at its line instead of failing the decode:
+// it is left out of the decode, and every good one is decoded as the string it is.
 func decodeCluster(root *yaml.Node, wc *v1alpha1.WorkerCluster, e errs) bool {
-	v, err := toValue(root)
-	if err != nil {
+	if err := checkValues(root); err != nil {
 		e.at(root.Line, root.Column, "%v", err)
 		return false
 	}
 	ok := true
+	var edits jsonEdits
 	if quota := valueAt(root, "spec", "quota"); quota != nil && quota.Kind == yaml.MappingNode {
-		spec := v.(map[string]any)["spec"].(map[string]any)
-		q, _ := spec["quota"].(map[string]any)
+		edits.asStrings = quota
 		for i := 0; i+1 < len(quota.Content); i += 2 {
 			k, val := quota.Content[i], quota.Content[i+1]
 			if msgs := validation.IsQualifiedName(k.Value); len(msgs) > 0 {
 				e.at(k.Line, k.Column, "quota resource %q is not a valid resource name: %s", k.Value, strings.Join(msgs, "; "))
-				delete(q, k.Value)
+				edits.leaveOut(val)
 				ok = false
 				continue
 			}
 			if val.Kind != yaml.ScalarNode || val.ShortTag() == "!!null" || val.ShortTag() == "!!bool" {
 				e.at(val.Line, val.Column, "quota for %s must be a quantity such as 8, 500m or 64Gi", k.Value)
-				delete(q, k.Value)
+				edits.leaveOut(val)
 				ok = false
 				continue
 			}
 			if msg := costlyQuantity(val.Value); msg != "" {
 				e.at(val.Line, val.Column, "quota for %s %s", k.Value, msg)
-				delete(q, k.Value)
+				edits.leaveOut(val)
 				ok = false
 				continue
 			}
 			qty, err := resource.ParseQuantity(val.Value)
 			if err != nil {
 				e.at(val.Line, val.Column, "quota for %s: %q is not a quantity (such as 8, 500m or 64Gi)", k.Value, val.Value)
-				delete(q, k.Value)
+				edits.leaveOut(val)
 				ok = false
 				continue
 			}
@@ -269,11 +269,10 @@ func decodeCluster(root *yaml.Node, wc *v1alpha1.WorkerCluster, e errs) bool {
 				e.at(val.Line, val.Column, "quota for %s may not be negative", k.Value)
 				ok = false
 			}
-			q[k.Value] = val.Value
 		}
 	}
-	ok = checkCredentialLifetime(root, v, e, "spec", "credentialLifetime") && ok
-	return decodeValue(root, v, wc, e) && ok
+	ok = checkCredentialLifetime(root, &edits, e, "spec", "credentialLifetime") && ok
+	return decodeValue(root, &edits, wc, e) && ok
 }
 
 // Limits of a quota value, far beyond any real quota. resource.ParseQuantity computes

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -202,50 +203,100 @@ func singleDocument(data []byte, e errs) (*yaml.Node, bool) {
 	return root, true
 }
 
-// toValue converts a node to the values encoding/json knows, keeping every mapping key a
-// string as JSON (and Kubernetes) wants.
-func toValue(n *yaml.Node) (any, error) {
+// checkValues reports the first value of n, in the document's order, that encoding/json
+// has no value for: a scalar that yaml.v3 cannot resolve by its tag, such as !!int abc.
+// A document is checked whole before any of its fields is.
+func checkValues(n *yaml.Node) error {
 	switch n.Kind {
 	case yaml.DocumentNode:
 		if len(n.Content) == 0 {
-			return nil, nil
+			return nil
 		}
-		return toValue(n.Content[0])
+		return checkValues(n.Content[0])
 	case yaml.MappingNode:
-		m := make(map[string]any, len(n.Content)/2)
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			v, err := toValue(n.Content[i+1])
-			if err != nil {
-				return nil, err
+			if err := checkValues(n.Content[i+1]); err != nil {
+				return err
 			}
-			m[n.Content[i].Value] = v
 		}
-		return m, nil
+		return nil
 	case yaml.SequenceNode:
-		s := make([]any, 0, len(n.Content))
 		for _, c := range n.Content {
-			v, err := toValue(c)
-			if err != nil {
-				return nil, err
+			if err := checkValues(c); err != nil {
+				return err
 			}
-			s = append(s, v)
 		}
-		return s, nil
+		return nil
 	case yaml.ScalarNode:
-		switch n.ShortTag() {
-		case "!!null":
-			return nil, nil
+		switch tag := n.ShortTag(); tag {
 		case "!!bool", "!!int", "!!float":
-			var v any
-			if err := n.Decode(&v); err != nil {
-				return nil, err
+			if _, plain := plainScalar(n, tag); !plain {
+				var v any
+				return n.Decode(&v)
 			}
-			return v, nil
-		default:
-			return n.Value, nil
+		}
+		return nil
+	}
+	return unsupportedNode(n)
+}
+
+func unsupportedNode(n *yaml.Node) error {
+	return fmt.Errorf("line %d: unsupported YAML node", n.Line)
+}
+
+// scalarValue converts a scalar to the value encoding/json knows, as yaml.v3 resolves it.
+func scalarValue(n *yaml.Node) (any, error) {
+	switch tag := n.ShortTag(); tag {
+	case "!!null":
+		return nil, nil
+	case "!!bool", "!!int", "!!float":
+		if text, plain := plainScalar(n, tag); plain {
+			switch text {
+			case "true":
+				return true, nil
+			case "false":
+				return false, nil
+			}
+			return strconv.Atoi(text)
+		}
+		var v any
+		if err := n.Decode(&v); err != nil {
+			return nil, err
+		}
+		return v, nil
+	}
+	return n.Value, nil
+}
+
+// plainScalar returns the JSON of a boolean or number that every cluster.yaml has, as
+// yaml.v3 resolves it, without a decoder for each: true and false tagged (or resolved)
+// !!bool and decimal integers of up to 18 digits tagged !!int, which are written as they
+// are. plain is false for any other scalar, such as !!int true, which yaml.v3 refuses to
+// decode. tag is n's short tag.
+func plainScalar(n *yaml.Node, tag string) (text string, plain bool) {
+	switch v := n.Value; {
+	case tag == "!!bool" && (v == "true" || v == "false"):
+		return v, true
+	case tag == "!!int" && plainDecimal(v):
+		return v, true
+	}
+	return "", false
+}
+
+// plainDecimal reports whether s is 0 or a decimal integer of up to 18 digits without
+// a leading zero, sign or underscore, which yaml.v3 resolves to an int as strconv.Atoi
+// does.
+func plainDecimal(s string) bool {
+	digits := strings.TrimPrefix(s, "-")
+	if digits == "" || len(digits) > 18 || (digits[0] == '0' && s != "0") {
+		return false
+	}
+	for i := 0; i < len(digits); i++ {
+		if digits[i] < '0' || digits[i] > '9' {
+			return false
 		}
 	}
-	return nil, fmt.Errorf("line %d: unsupported YAML node", n.Line)
+	return true
 }
 
 var (
@@ -257,16 +308,40 @@ var (
 // decodeStrict decodes a mapping node into out, refusing unknown fields. Every error is
 // placed at the node it concerns.
 func decodeStrict(root *yaml.Node, out any, e errs) bool {
-	v, err := toValue(root)
-	if err != nil {
+	if err := checkValues(root); err != nil {
 		e.at(root.Line, root.Column, "%v", err)
 		return false
 	}
-	return decodeValue(root, v, out, e)
+	return decodeValue(root, nil, out, e)
 }
 
-func decodeValue(root *yaml.Node, v any, out any, e errs) bool {
-	raw, err := json.Marshal(v)
+// jsonEdits are the changes a loader makes to a document before it is decoded, made as
+// its JSON is written rather than to a copy of it.
+type jsonEdits struct {
+	// leftOut holds the value nodes whose mapping entries are left out, as if deleted; it
+	// is made when the first one is.
+	leftOut map[*yaml.Node]bool
+	// asStrings is a mapping whose values are written as strings, each its node's text.
+	asStrings *yaml.Node
+}
+
+// leaveOut leaves the mapping entry whose value is n out of the document.
+func (ed *jsonEdits) leaveOut(n *yaml.Node) {
+	if ed.leftOut == nil {
+		ed.leftOut = map[*yaml.Node]bool{}
+	}
+	ed.leftOut[n] = true
+}
+
+func (ed *jsonEdits) isLeftOut(n *yaml.Node) bool { return ed != nil && ed.leftOut[n] }
+
+func (ed *jsonEdits) writesAsStrings(m *yaml.Node) bool { return ed != nil && ed.asStrings == m }
+
+// decodeValue decodes root, a document checked by checkValues, with the edits ed (which
+// may be nil), into out.
+func decodeValue(root *yaml.Node, ed *jsonEdits, out any, e errs) bool {
+	// A cluster.yaml is a few hundred bytes of JSON.
+	raw, err := appendNodeJSON(make([]byte, 0, 512), root, ed)
 	if err != nil {
 		e.at(root.Line, root.Column, "%v", err)
 		return false
@@ -296,6 +371,120 @@ func decodeValue(root *yaml.Node, v any, out any, e errs) bool {
 		ok = false
 	}
 	return ok
+}
+
+// appendNodeJSON appends n, with the edits ed, as json.Marshal writes the value a
+// generic decoder makes of it: every mapping an object of string keys (a key's text,
+// whatever its kind) in sorted order, the last entry of a key the one that counts; every
+// sequence an array; every scalar what yaml.v3 resolves it to. So the decoder sees, and
+// its errors name, what it did when the document was turned into maps first, without
+// those maps, or the reflection json.Marshal spends on them, for every cluster.yaml.
+func appendNodeJSON(b []byte, n *yaml.Node, ed *jsonEdits) ([]byte, error) {
+	var err error
+	switch n.Kind {
+	case yaml.DocumentNode:
+		if len(n.Content) == 0 {
+			return append(b, "null"...), nil
+		}
+		return appendNodeJSON(b, n.Content[0], ed)
+	case yaml.MappingNode:
+		return appendMappingJSON(b, n, ed)
+	case yaml.SequenceNode:
+		b = append(b, '[')
+		for i, c := range n.Content {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			if b, err = appendNodeJSON(b, c, ed); err != nil {
+				return nil, err
+			}
+		}
+		return append(b, ']'), nil
+	case yaml.ScalarNode:
+		switch tag := n.ShortTag(); tag {
+		case "!!null":
+			return append(b, "null"...), nil
+		case "!!bool", "!!int", "!!float":
+			if text, plain := plainScalar(n, tag); plain {
+				return append(b, text...), nil
+			}
+			v, err := scalarValue(n)
+			if err != nil {
+				return nil, err
+			}
+			data, err := json.Marshal(v)
+			if err != nil {
+				return nil, err
+			}
+			return append(b, data...), nil
+		}
+		return appendJSONString(b, n.Value), nil
+	}
+	return nil, unsupportedNode(n)
+}
+
+func appendMappingJSON(b []byte, m *yaml.Node, ed *jsonEdits) ([]byte, error) {
+	// The index of each entry's key, sorted by the key and then by place.
+	var buf [16]int
+	keys := buf[:0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		keys = append(keys, i)
+	}
+	slices.SortFunc(keys, func(i, j int) int {
+		if c := strings.Compare(m.Content[i].Value, m.Content[j].Value); c != 0 {
+			return c
+		}
+		return i - j
+	})
+	b = append(b, '{')
+	first := true
+	var err error
+	for x, i := range keys {
+		k, v := m.Content[i], m.Content[i+1]
+		if x+1 < len(keys) && m.Content[keys[x+1]].Value == k.Value {
+			continue // a later entry sets the key again
+		}
+		if ed.isLeftOut(v) {
+			continue
+		}
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = appendJSONString(b, k.Value)
+		b = append(b, ':')
+		if ed.writesAsStrings(m) {
+			b = appendJSONString(b, v.Value)
+			continue
+		}
+		if b, err = appendNodeJSON(b, v, ed); err != nil {
+			return nil, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// appendJSONString appends s as json.Marshal writes it.
+func appendJSONString(b []byte, s string) []byte {
+	if !plainJSONString(s) {
+		data, _ := json.Marshal(s) // a string always marshals
+		return append(b, data...)
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+// plainJSONString reports whether json.Marshal writes s as it is, between quotes:
+// printable ASCII other than the quote, the backslash and <, > and &, which it escapes
+// for HTML.
+func plainJSONString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
 }
 
 func jsonKind(goType string) string {

@@ -20,7 +20,7 @@ package render
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -29,6 +29,7 @@ import (
 	"strings"
 	"sync"
 
+	"golang.org/x/sync/singleflight"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -56,16 +57,50 @@ type Result struct {
 	Components components.Spec `json:"components"`
 }
 
-// maxCachedPresetSets bounds the preset cache: a hub only ever needs the presets of the
-// commits it is reconciling and planning.
-const maxCachedPresetSets = 16
+// The caches are bounded by the bytes their entries hold (see footprint) as well as by
+// their number: a render may read up to fleet.MaxRenderInput, its decoded objects hold
+// several times that, and a pull request's plan renders with the hub's Renderer, so
+// that a bound on entries alone would let one pull request make the hub hold GiBs.
+const (
+	// maxCachedPresetSets bounds the preset cache: a hub only ever needs the presets of
+	// the commits it is reconciling and planning. A preset's output is needed for every
+	// cluster without an overlay, so one may take a good part of the cache.
+	maxCachedPresetSets = 16
+	presetCacheBytes    = 32 << 20
+	maxPresetBytes      = 8 << 20
+
+	// maxCachedOverlays bounds the overlay cache. An entry is one overlay's objects,
+	// most often tens of KiB; fleets tend to repeat a few overlays across many
+	// clusters. One that holds more than maxOverlayBytes is rendered again for every
+	// cluster that has it.
+	maxCachedOverlays = 256
+	overlayCacheBytes = 64 << 20
+	maxOverlayBytes   = 1 << 20
+
+	// The component cache holds overlays converted to components, charged their bytes.
+	maxCachedComponents = 256
+	componentCacheBytes = 8 << 20
+	maxComponentBytes   = 1 << 20
+	// componentEntryBytes is charged for each component besides its bytes: its key,
+	// and the cache's own entry for it.
+	componentEntryBytes = 256
+)
 
 // Renderer renders clusters. Kustomize's output for a preset is cached by the content of
-// the presets, so clusters without an overlay cost only the Go transforms. A Renderer is
-// safe for concurrent use.
+// the presets, so clusters without an overlay cost only the Go transforms. So is its
+// output for an overlay, by what kustomize reads for it (see overlayKey): a commit that
+// changes only a cluster's quota, or a fleet that gives many clusters the same overlay,
+// runs kustomize once for it. Clusters that miss the cache for the same key at the same
+// time run kustomize once between them. A Renderer is safe for concurrent use.
 type Renderer struct {
-	mu    sync.Mutex
-	cache map[string]*presetOutput
+	// mu guards the caches.
+	mu       sync.Mutex
+	presets  *lru[[sha256.Size]byte, *presetOutput]
+	overlays *lru[[sha256.Size]byte, []map[string]any]
+	// components are overlays as kustomize components, by the SHA-256 of the overlay.
+	components *lru[[sha256.Size]byte, []byte]
+	// rendering joins renders of one key, by the cache it is for and the key.
+	rendering singleflight.Group
 }
 
 type presetOutput struct {
@@ -75,7 +110,11 @@ type presetOutput struct {
 
 // New returns a Renderer with an empty cache.
 func New() *Renderer {
-	return &Renderer{cache: map[string]*presetOutput{}}
+	return &Renderer{
+		presets:    newLRU[[sha256.Size]byte, *presetOutput](presetCacheBytes, maxPresetBytes, maxCachedPresetSets),
+		overlays:   newLRU[[sha256.Size]byte, []map[string]any](overlayCacheBytes, maxOverlayBytes, maxCachedOverlays),
+		components: newLRU[[sha256.Size]byte, []byte](componentCacheBytes, maxComponentBytes, maxCachedComponents),
+	}
 }
 
 // Render renders the named cluster. Problems with the fleet's content come back as a
@@ -95,25 +134,23 @@ func (r *Renderer) Render(f *fleet.Fleet, name string) (*Result, error) {
 	preset := f.Presets[c.Object.Spec.Preset]
 
 	var objs []map[string]any
-	if c.Overlay() == nil {
+	overlay := c.Overlay()
+	if overlay == nil {
 		out := r.preset(f, preset)
 		if len(out.errs) > 0 {
 			return nil, withCluster(out.errs, name)
 		}
-		objs = make([]map[string]any, len(out.objects))
-		for i, o := range out.objects {
-			objs[i] = runtime.DeepCopyJSON(o)
-		}
+		objs = deepCopy(out.objects)
 	} else {
 		var errs fleet.ErrorList
-		objs, errs = kustomizeCluster(f, c, preset)
+		objs, errs = r.kustomizeCluster(f, c, preset, overlay)
 		if len(errs) > 0 {
 			return nil, errs
 		}
 	}
 
 	res := &Result{Cluster: name, Identity: fleet.Identity(f.Spec.Spec.Tenant, name)}
-	objects, errs := transform(f, c, res.Identity, objs)
+	objects, errs := transform(f, c, overlay != nil, res.Identity, objs)
 	if len(errs) > 0 {
 		return nil, errs
 	}
@@ -132,41 +169,59 @@ func (r *Renderer) Render(f *fleet.Fleet, name string) (*Result, error) {
 func (r *Renderer) preset(f *fleet.Fleet, p *fleet.Preset) *presetOutput {
 	key := presetsKey(f, p.Name)
 	r.mu.Lock()
-	out, ok := r.cache[key]
+	out, ok := r.presets.get(key)
 	r.mu.Unlock()
 	if ok {
 		return out
 	}
-	out = &presetOutput{}
-	dir := path.Join(fleet.PresetsDir, p.Name)
-	objs, errs, err := runProven(kustomizeFiles(f, nil), dir, dir)
-	switch {
-	case len(errs) > 0:
-		out.errs = errs
-	case err != nil:
-		out.errs = fleet.ErrorList{{File: path.Join(dir, fleet.KustomizationFile), Message: err.Error()}}
-	default:
-		out.objects = objs
+	v, _, _ := r.rendering.Do("preset\x00"+string(key[:]), func() (any, error) {
+		out := &presetOutput{}
+		dir := path.Join(fleet.PresetsDir, p.Name)
+		objs, errs, err := runProven(kustomizeFiles(f, nil), dir, dir)
+		switch {
+		case len(errs) > 0:
+			out.errs = errs
+		case err != nil:
+			out.errs = fleet.ErrorList{{File: path.Join(dir, fleet.KustomizationFile), Message: err.Error()}}
+		default:
+			out.objects = objs
+		}
+		r.mu.Lock()
+		r.presets.add(key, out, out.footprint())
+		r.mu.Unlock()
+		return out, nil
+	})
+	return v.(*presetOutput)
+}
+
+// footprint is what the cache charges for out.
+func (out *presetOutput) footprint() int64 {
+	n := footprint(out.objects)
+	for _, e := range out.errs {
+		n += int64(len(e.File) + len(e.Cluster) + len(e.Message) + 64)
 	}
-	r.mu.Lock()
-	if len(r.cache) >= maxCachedPresetSets {
-		clear(r.cache)
-	}
-	r.cache[key] = out
-	r.mu.Unlock()
-	return out
+	return n
 }
 
 // presetsKey identifies the output of one preset. A preset may use files of other
-// presets, so the key covers all of them.
-func presetsKey(f *fleet.Fleet, name string) string {
+// presets, so the key covers all of them. It is worked out for every cluster rendered,
+// so it is kept to a hash and no more.
+func presetsKey(f *fleet.Fleet, name string) [sha256.Size]byte {
+	var buf [16]string
+	names := buf[:0]
+	for n := range f.Presets {
+		names = append(names, n)
+	}
+	slices.Sort(names)
 	h := sha256.New()
 	h.Write([]byte(name))
-	for _, n := range slices.Sorted(maps.Keys(f.Presets)) {
+	for _, n := range names {
 		h.Write([]byte{0})
 		h.Write([]byte(f.Presets[n].Digest))
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	var key [sha256.Size]byte
+	h.Sum(key[:0])
+	return key
 }
 
 // rootDir holds the generated kustomization that joins a preset and an overlay; no path
@@ -175,22 +230,13 @@ const rootDir = ".flotilla-render"
 
 // kustomizeCluster runs kustomize over the cluster's preset with the cluster's
 // kustomization.yaml applied as a component, so that its patches reach the preset's
-// objects without the overlay having to name the preset.
-func kustomizeCluster(f *fleet.Fleet, c *fleet.Cluster, p *fleet.Preset) ([]map[string]any, fleet.ErrorList) {
+// objects without the overlay having to name the preset. The objects are the caller's.
+func (r *Renderer) kustomizeCluster(f *fleet.Fleet, c *fleet.Cluster, p *fleet.Preset, overlayYAML []byte) ([]map[string]any, fleet.ErrorList) {
 	overlayFile := path.Join(c.Dir, fleet.KustomizationFile)
 	fail := func(err error) ([]map[string]any, fleet.ErrorList) {
 		return nil, fleet.ErrorList{{File: overlayFile, Cluster: c.Name, Message: err.Error()}}
 	}
-	var overlay map[string]any
-	if err := yaml.Unmarshal(c.Overlay(), &overlay); err != nil {
-		return fail(err)
-	}
-	if overlay == nil {
-		overlay = map[string]any{}
-	}
-	overlay["apiVersion"] = types.ComponentVersion
-	overlay["kind"] = types.ComponentKind
-	component, err := yaml.Marshal(overlay)
+	component, err := r.component(overlayYAML)
 	if err != nil {
 		return fail(err)
 	}
@@ -202,21 +248,128 @@ func kustomizeCluster(f *fleet.Fleet, c *fleet.Cluster, p *fleet.Preset) ([]map[
 		Resources:  []string{path.Join("..", presetDir)},
 		Components: []string{path.Join("..", c.Dir)},
 	}
-	rootYAML, err := yaml.Marshal(root)
+	// As JSON, which kustomize reads as the YAML it is, without the YAML encoder's
+	// round trip through a second parser. Nothing but kustomize reads this file.
+	rootYAML, err := json.Marshal(root)
 	if err != nil {
 		return fail(err)
 	}
 	files := kustomizeFiles(f, c)
 	files[overlayFile] = component
 	files[path.Join(rootDir, fleet.KustomizationFile)] = rootYAML
-	objs, errs, err := runProven(files, rootDir, presetDir, c.Dir)
+	inputs, errs := fleet.LocalInputs(files, presetDir, c.Dir)
 	if len(errs) > 0 {
 		return nil, withCluster(errs, c.Name)
 	}
+	key := overlayKey(files, inputs, presetDir, c.Dir)
+	r.mu.Lock()
+	cached, ok := r.overlays.get(key)
+	r.mu.Unlock()
+	if ok {
+		return deepCopy(cached), nil
+	}
+	ran := false
+	v, err, _ := r.rendering.Do("overlay\x00"+string(key[:]), func() (any, error) {
+		ran = true
+		objs, err := runIn(files, rootDir)
+		if err != nil {
+			return nil, err
+		}
+		r.mu.Lock()
+		r.overlays.add(key, objs, footprint(objs))
+		r.mu.Unlock()
+		return objs, nil
+	})
+	if err != nil && !ran {
+		// Another cluster's render failed, and its error names that cluster's files:
+		// this one's own render names its own.
+		objs, err := runIn(files, rootDir)
+		if err != nil {
+			return fail(err)
+		}
+		return objs, nil
+	}
 	if err != nil {
+		// Not cached: the error names the cluster's own files.
 		return fail(err)
 	}
-	return objs, nil
+	return deepCopy(v.([]map[string]any)), nil
+}
+
+// component is the cluster's kustomization as a Component, from the cache when another
+// cluster has the same. Converting it costs more than the rest of an overlay's render
+// once kustomize's output is cached.
+func (r *Renderer) component(overlayYAML []byte) ([]byte, error) {
+	key := sha256.Sum256(overlayYAML)
+	r.mu.Lock()
+	component, ok := r.components.get(key)
+	r.mu.Unlock()
+	if ok {
+		return component, nil
+	}
+	var overlay map[string]any
+	if err := yaml.Unmarshal(overlayYAML, &overlay); err != nil {
+		return nil, err
+	}
+	if overlay == nil {
+		overlay = map[string]any{}
+	}
+	overlay["apiVersion"] = types.ComponentVersion
+	overlay["kind"] = types.ComponentKind
+	component, err := yaml.Marshal(overlay)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.components.add(key, component, int64(len(component)+componentEntryBytes))
+	r.mu.Unlock()
+	return component, nil
+}
+
+// overlayKey identifies kustomize's output for a cluster's overlay on the preset in
+// presetDir by what fleet.LocalInputs says kustomize reads for it, with the cluster's
+// directory dir left out of their paths. Kustomize's output holds no path (the fleet
+// refuses buildMetadata, which would add some), and an overlay may name files in its
+// own directory and presets/ only, so that two overlays that read the same bytes from
+// the same places render the same objects: the files they do not read, such as
+// cluster.yaml with the quota, make no difference. The root kustomization render
+// generates is made of presetDir and dir alone.
+func overlayKey(files map[string][]byte, inputs []string, presetDir, dir string) [sha256.Size]byte {
+	h := sha256.New()
+	var n [8]byte
+	write := func(b []byte) {
+		binary.LittleEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	write([]byte(presetDir))
+	for _, p := range inputs {
+		if rel, ok := strings.CutPrefix(p, dir+"/"); ok {
+			h.Write([]byte{'c'})
+			write([]byte(rel))
+		} else {
+			h.Write([]byte{'r'})
+			write([]byte(p))
+		}
+		write(files[p])
+	}
+	var key [sha256.Size]byte
+	h.Sum(key[:0])
+	return key
+}
+
+// deepCopy copies cached objects for transform to change. LocalQueues are not copied:
+// transform never changes them, only copies them into each workload namespace.
+func deepCopy(objects []map[string]any) []map[string]any {
+	out := make([]map[string]any, len(objects))
+	for i, o := range objects {
+		if o["kind"] == "LocalQueue" {
+			out[i] = o
+			continue
+		}
+		out[i] = runtime.DeepCopyJSON(o)
+	}
+	return out
 }
 
 // kustomizeFiles is what kustomize may read for a preset (c nil) or for a cluster: the
@@ -241,14 +394,20 @@ func runProven(files map[string][]byte, dir string, proven ...string) ([]map[str
 	if errs := fleet.ProveLocal(files, proven...); len(errs) > 0 {
 		return nil, errs, nil
 	}
+	objs, err := runIn(files, dir)
+	return objs, nil, err
+}
+
+// runIn runs kustomize in dir over an in-memory file system that holds files and nothing
+// else. The caller has proven them local.
+func runIn(files map[string][]byte, dir string) ([]map[string]any, error) {
 	fsys := filesys.MakeFsInMemory()
 	for p, data := range files {
 		if err := fsys.WriteFile(path.Join("/", p), data); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
-	objs, err := run(fsys, path.Join("/", dir))
-	return objs, nil, err
+	return run(fsys, path.Join("/", dir))
 }
 
 // run runs kustomize with plugins disabled. Load restrictions are lifted because the file
@@ -276,23 +435,6 @@ func run(fsys filesys.FileSystem, dir string) ([]map[string]any, error) {
 		objs = append(objs, u.Object)
 	}
 	return objs, nil
-}
-
-// Hash is the content hash of an object list: SHA-256 over its canonical JSON (keys
-// sorted, no insignificant space), in the list's order.
-func Hash(objects []*unstructured.Unstructured, comps components.Spec) (string, error) {
-	h := sha256.New()
-	enc := json.NewEncoder(h)
-	for _, o := range objects {
-		if err := enc.Encode(o.Object); err != nil {
-			return "", err
-		}
-	}
-	// After the objects, so that the hash of a desired state is told from any object list.
-	if err := enc.Encode(comps); err != nil {
-		return "", err
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // YAML writes the result as a YAML stream, preceded by a comment with its identity and

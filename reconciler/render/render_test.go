@@ -291,3 +291,55 @@ func TestRenderRefusesInvalidCluster(t *testing.T) {
 		t.Fatalf("err = %v, want the cluster's validation errors", err)
 	}
 }
+
+// TestRenderersCacheRendersWhatAFreshRendererRenders pins the preset and overlay caches
+// to what rendering without them gives: for clusters that share an overlay but not
+// their quota, for one whose overlay reads a file of its own that differs, and after a
+// caller changed the objects of an earlier result.
+func TestRenderersCacheRendersWhatAFreshRendererRenders(t *testing.T) {
+	fsys := fleetgen.Fleet(6, fleetgen.Options{OverlayEvery: 2, CordonEvery: 3})
+	fsys["clusters/"+fleetgen.ClusterName(5)+"/priority.yaml"] = &fstest.MapFile{
+		Data: []byte(strings.Replace(fleetgen.OverlayPriority, "value: 1000", "value: 2000", 1)),
+	}
+	f := load(t, fsys)
+	shared := render.New()
+	for round := range 2 {
+		for _, name := range f.ClusterNames() {
+			got, err := shared.Render(f, name)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			want, err := render.New().Render(f, name)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			gotYAML, err := got.YAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantYAML, err := want.YAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(gotYAML, wantYAML) {
+				t.Errorf("round %d, %s: the cached render differs from a fresh one:\n%s\nwant:\n%s", round, name, gotYAML, wantYAML)
+			}
+			// What a caller does with a result is no business of the next render.
+			for _, o := range got.Objects {
+				o.SetLabels(map[string]string{"changed": "by the caller"})
+				o.Object["spec"] = "changed by the caller"
+			}
+		}
+	}
+	a, err := shared.Render(f, fleetgen.ClusterName(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := shared.Render(f, fleetgen.ClusterName(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Hash == b.Hash {
+		t.Error("two overlays that read different priority.yaml render the same")
+	}
+}

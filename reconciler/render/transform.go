@@ -45,19 +45,48 @@ func poolQueue(f *fleet.Fleet, c *fleet.Cluster, queues []*unstructured.Unstruct
 		return nil
 	}
 	cq, _, _ := unstructured.NestedString(queues[0].Object, "spec", "clusterQueue")
-	lq := &unstructured.Unstructured{}
-	lq.SetGroupVersionKind(kueue.GroupVersion.WithKind("LocalQueue"))
-	lq.SetName(pool)
-	_ = unstructured.SetNestedField(lq.Object, cq, "spec", "clusterQueue")
-	return lq
+	return localQueue(pool, cq)
+}
+
+// localQueue is a LocalQueue without namespace that feeds clusterQueue. It and
+// namespace are written as the maps that the setters of unstructured would make, without
+// the copies these make of every value they set.
+func localQueue(name, clusterQueue string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": localQueueAPIVersion,
+		"kind":       "LocalQueue",
+		"metadata":   map[string]any{"name": name},
+		"spec":       map[string]any{"clusterQueue": clusterQueue},
+	}}
+}
+
+var (
+	localQueueAPIVersion = kueue.GroupVersion.String()
+	namespaceAPIVersion  = corev1.SchemeGroupVersion.String()
+)
+
+// namespace is a workload namespace. Workload namespaces belong to the people who run
+// jobs in them once they exist: created when missing, never updated, never pruned.
+func namespace(name string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": namespaceAPIVersion,
+		"kind":       "Namespace",
+		"metadata": map[string]any{
+			"name": name,
+			"annotations": map[string]any{
+				v1alpha1.ApplyAnnotation: v1alpha1.ApplyIfNotPresent,
+				v1alpha1.PruneAnnotation: v1alpha1.PruneDisabled,
+			},
+		},
+	}}
 }
 
 // transform applies what flotilla adds to kustomize's output. objs is owned by the
 // caller and modified in place.
-func transform(f *fleet.Fleet, c *fleet.Cluster, identity string, objs []map[string]any) ([]*unstructured.Unstructured, fleet.ErrorList) {
+func transform(f *fleet.Fleet, c *fleet.Cluster, hasOverlay bool, identity string, objs []map[string]any) ([]*unstructured.Unstructured, fleet.ErrorList) {
 	spec := c.Object.Spec
 	origin := path.Join(fleet.PresetsDir, spec.Preset, fleet.KustomizationFile)
-	if c.Overlay() != nil {
+	if hasOverlay {
 		origin = path.Join(c.Dir, fleet.KustomizationFile)
 	}
 	var errs fleet.ErrorList
@@ -69,21 +98,23 @@ func transform(f *fleet.Fleet, c *fleet.Cluster, identity string, objs []map[str
 	for _, obj := range objs {
 		u := &unstructured.Unstructured{Object: obj}
 		gvk := u.GroupVersionKind()
-		desc := fmt.Sprintf("%s %q", gvk.Kind, u.GetName())
+		// Only an object that fails needs describing.
+		desc := func() string { return fmt.Sprintf("%s %q", gvk.Kind, u.GetName()) }
 		i, known := kindOrder[gvk.GroupKind()]
 		switch {
 		case !known || gvk.Kind == "Namespace":
-			fail(origin, "%s (%s) cannot be rendered for a worker: presets and overlays hold Kueue objects and PriorityClasses only", desc, gvk.GroupVersion())
+			fail(origin, "%s (%s) cannot be rendered for a worker: presets and overlays hold Kueue objects and PriorityClasses only", desc(), gvk.GroupVersion())
 			continue
 		case gvk.Version != kinds[i].Version:
-			fail(origin, "%s uses %s; Kueue v0.17 objects are written as %s", desc, gvk.GroupVersion(), kinds[i].GroupVersion())
+			fail(origin, "%s uses %s; Kueue v0.17 objects are written as %s", desc(), gvk.GroupVersion(), kinds[i].GroupVersion())
 			continue
 		case u.GetNamespace() != "":
-			fail(origin, "%s sets metadata.namespace %q; flotilla places LocalQueues in the fleet's workload namespaces and everything else is cluster-scoped", desc, u.GetNamespace())
+			fail(origin, "%s sets metadata.namespace %q; flotilla places LocalQueues in the fleet's workload namespaces and everything else is cluster-scoped", desc(), u.GetNamespace())
 			continue
 		}
 		switch gvk.Kind {
 		case "LocalQueue":
+			// Only ever copied: Render hands over LocalQueues of its caches (deepCopy).
 			queues = append(queues, u)
 			continue
 		case "ClusterQueue":
@@ -91,7 +122,7 @@ func transform(f *fleet.Fleet, c *fleet.Cluster, identity string, objs []map[str
 			if spec.Cordoned {
 				// Hold keeps admitted workloads running and admits nothing new.
 				if err := unstructured.SetNestedField(u.Object, string(kueue.Hold), "spec", "stopPolicy"); err != nil {
-					fail(origin, "%s: %v", desc, err)
+					fail(origin, "%s: %v", desc(), err)
 				}
 			}
 		}
@@ -106,16 +137,14 @@ func transform(f *fleet.Fleet, c *fleet.Cluster, identity string, objs []map[str
 		}
 	}
 
+	// The LocalQueues from objs may be a cache's; those made here are the render's own.
+	fromObjs := len(queues)
 	if len(queues) == 0 {
 		switch len(clusterQueues) {
 		case 0:
 			fail(origin, "preset %q renders no ClusterQueue; jobs would have nowhere to go", spec.Preset)
 		case 1:
-			lq := &unstructured.Unstructured{}
-			lq.SetGroupVersionKind(kueue.GroupVersion.WithKind("LocalQueue"))
-			lq.SetName(DefaultLocalQueue)
-			_ = unstructured.SetNestedField(lq.Object, clusterQueues[0].GetName(), "spec", "clusterQueue")
-			queues = append(queues, lq)
+			queues = append(queues, localQueue(DefaultLocalQueue, clusterQueues[0].GetName()))
 		default:
 			fail(origin, "preset %q has several ClusterQueues and no LocalQueue; add a LocalQueue without namespace for each queue users submit to", spec.Preset)
 		}
@@ -127,32 +156,28 @@ func transform(f *fleet.Fleet, c *fleet.Cluster, identity string, objs []map[str
 		queues = append(queues, lq)
 	}
 
-	for _, ns := range f.Spec.Spec.WorkloadNamespaces {
-		n := &unstructured.Unstructured{}
-		n.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
-		n.SetName(ns)
-		// Workload namespaces belong to the people who run jobs in them once they exist:
-		// created when missing, never updated, never pruned.
-		n.SetAnnotations(map[string]string{
-			v1alpha1.ApplyAnnotation: v1alpha1.ApplyIfNotPresent,
-			v1alpha1.PruneAnnotation: v1alpha1.PruneDisabled,
-		})
-		out = append(out, n)
-		for _, q := range queues {
-			lq := q.DeepCopy()
+	out = slices.Grow(out, len(f.Spec.Spec.WorkloadNamespaces)*(1+len(queues)))
+	for i, ns := range f.Spec.Spec.WorkloadNamespaces {
+		out = append(out, namespace(ns))
+		// The last namespace takes the LocalQueues made here instead of a copy.
+		last := i == len(f.Spec.Spec.WorkloadNamespaces)-1
+		for j, q := range queues {
+			lq := q
+			if !last || j < fromObjs {
+				lq = q.DeepCopy()
+			}
 			lq.SetNamespace(ns)
 			out = append(out, lq)
 		}
 	}
 
-	labels := Labels(identity)
+	// The values are made interface values once, not once for every object.
+	labels := map[string]any{}
+	for k, v := range Labels(identity) {
+		labels[k] = v
+	}
 	for _, u := range out {
-		l := u.GetLabels()
-		if l == nil {
-			l = map[string]string{}
-		}
-		maps.Copy(l, labels)
-		u.SetLabels(l)
+		addLabels(u.Object, labels)
 	}
 	slices.SortFunc(out, func(a, b *unstructured.Unstructured) int {
 		return cmp.Or(
@@ -169,29 +194,61 @@ func transform(f *fleet.Fleet, c *fleet.Cluster, identity string, objs []map[str
 	return out, nil
 }
 
+// addLabels adds labels to the object's own, in place: the object is the caller's copy,
+// and GetLabels and SetLabels would copy the labels three times for every object of
+// every cluster. The outcome is theirs: labels that are not all strings are replaced, and
+// metadata that is not a mapping is left alone.
+func addLabels(obj map[string]any, labels map[string]any) {
+	v, ok := obj["metadata"]
+	if !ok {
+		v = map[string]any{}
+		obj["metadata"] = v
+	}
+	meta, ok := v.(map[string]any)
+	if !ok {
+		return
+	}
+	l, ok := meta["labels"].(map[string]any)
+	for _, v := range l {
+		if _, isString := v.(string); !isString {
+			ok = false
+			break
+		}
+	}
+	if !ok {
+		l = make(map[string]any, len(labels))
+		meta["labels"] = l
+	}
+	for k, v := range labels {
+		l[k] = v
+	}
+}
+
 // setQuota sets the nominal quota of resource in every flavor of every ClusterQueue
-// resource group that covers it, and returns how many groups it found.
+// resource group that covers it, and returns how many groups it found. The objects are
+// the caller's own copies, so they are changed where they are: copying resourceGroups
+// in and out for every resource of every cluster was most of what a render allocated.
+// What is odd in them is kept or replaced exactly as unstructured's NestedSlice and
+// NestedStringSlice would have: a group's flavors or a flavor's resources that are no
+// list become one.
 func setQuota(clusterQueues []*unstructured.Unstructured, resource, quantity string) int {
 	found := 0
 	for _, cq := range clusterQueues {
-		groups, _, _ := unstructured.NestedSlice(cq.Object, "spec", "resourceGroups")
-		for gi, g := range groups {
+		v, _, _ := unstructured.NestedFieldNoCopy(cq.Object, "spec", "resourceGroups")
+		groups, _ := v.([]any)
+		for _, g := range groups {
 			group, ok := g.(map[string]any)
-			if !ok {
-				continue
-			}
-			covered, _, _ := unstructured.NestedStringSlice(group, "coveredResources")
-			if !slices.Contains(covered, resource) {
+			if !ok || !covers(group["coveredResources"], resource) {
 				continue
 			}
 			found++
-			flavors, _, _ := unstructured.NestedSlice(group, "flavors")
-			for fi, fl := range flavors {
+			flavors, _ := group["flavors"].([]any)
+			for _, fl := range flavors {
 				flavor, ok := fl.(map[string]any)
 				if !ok {
 					continue
 				}
-				resources, _, _ := unstructured.NestedSlice(flavor, "resources")
+				resources, _ := flavor["resources"].([]any)
 				set := false
 				for _, r := range resources {
 					if rm, ok := r.(map[string]any); ok && rm["name"] == resource {
@@ -203,14 +260,24 @@ func setQuota(clusterQueues []*unstructured.Unstructured, resource, quantity str
 					resources = append(resources, map[string]any{"name": resource, "nominalQuota": quantity})
 				}
 				flavor["resources"] = resources
-				flavors[fi] = flavor
 			}
 			group["flavors"] = flavors
-			groups[gi] = group
-		}
-		if len(groups) > 0 {
-			_ = unstructured.SetNestedSlice(cq.Object, groups, "spec", "resourceGroups")
 		}
 	}
 	return found
+}
+
+// covers reports whether coveredResources, a list of strings, names resource. A list
+// with anything but strings in it covers nothing.
+func covers(coveredResources any, resource string) bool {
+	list, _ := coveredResources.([]any)
+	hit := false
+	for _, r := range list {
+		s, ok := r.(string)
+		if !ok {
+			return false
+		}
+		hit = hit || s == resource
+	}
+	return hit
 }
