@@ -5,7 +5,6 @@ import (
 	"context"
 	"sync"
 	"time"
-
 )
 
 // Submission says how a queued status is posted.
