@@ -2,6 +2,7 @@ package scale
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -55,7 +56,7 @@ func (l *laggingCache) List(context.Context, client.ObjectList, ...client.ListOp
 // request at all once the cache caught up.
 func TestARevertIsWrittenThoughTheCacheShowsItAlready(t *testing.T) {
 	ctx := t.Context()
-	ns := "tenant-lagging-cache"
+	ns := fmt.Sprintf("tenant-lagging-cache-%d", worlds.Add(1))
 	if err := admin().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)
 	}

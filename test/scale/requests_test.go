@@ -5,8 +5,12 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"testing"
+	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
 // requestCounter counts what a hub asks of the hub cluster, as its client sends it:
@@ -143,4 +147,19 @@ func countingConfig(c *requestCounter) *rest.Config {
 	cfg := rest.CopyConfig(planes[0].Config)
 	cfg.Wrap(c.wrap)
 	return cfg
+}
+
+// waitQuiet waits until the hub has sent the hub cluster nothing for quiet. The agents'
+// reports that follow their reconnection to a new hub may still be on their way when
+// every cluster already shows its agent connected; a test that counts what a commit
+// costs starts once they are in.
+func (c *requestCounter) waitQuiet(tb testing.TB, quiet time.Duration) {
+	tb.Helper()
+	last, since := c.snapshot().total(), time.Now()
+	poll.Until(tb, "the hub quiet for "+quiet.String(), func() (bool, string) {
+		if n := c.snapshot().total(); n != last {
+			last, since = n, time.Now()
+		}
+		return time.Since(since) >= quiet, fmt.Sprintf("%d requests so far, the last %s ago", last, time.Since(since).Round(time.Millisecond))
+	})
 }

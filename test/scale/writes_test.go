@@ -53,6 +53,7 @@ func TestACommitCostsTheHubClusterWhatItChangesAndNoMore(t *testing.T) {
 			fleet.FleetFile: []byte(strings.Replace(fleetFile, "    - ml-training\n", "    - ml-training\n    - ml-serving\n", 1))}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			w.hub.requests.waitQuiet(t, time.Second)
 			before, decrypted, syncs := w.hub.requests.snapshot(), w.hub.dec.Decryptions(), w.hub.syncCount()
 			desired := map[string]string{}
 			for name, wc := range w.watch.snapshot() {
