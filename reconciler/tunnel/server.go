@@ -100,6 +100,13 @@ type Options struct {
 	CredentialCheckEvery time.Duration
 	// LastSeenEvery is how coarsely status.lastSeen is recorded. Default 1 minute.
 	LastSeenEvery time.Duration
+	// LastSeenRate bounds the records of status.lastSeen per second over all connected
+	// agents: with more agents than LastSeenEvery at this rate allows, each agent's is
+	// recorded less often. Ten thousand agents recorded once a minute would be 167
+	// writes a second, more than the hub's client may send (kubeAPI.qps) and about what
+	// a modest API server takes, leaving nothing for the changes the hub must write.
+	// Default 10 a second: at most 600 agents at the minute.
+	LastSeenRate float64
 	// HandshakeTimeout bounds the time from upgrade to the agent's hello.
 	HandshakeTimeout time.Duration
 	// WriteTimeout bounds the sending of one message to an agent: an agent that takes
@@ -163,6 +170,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.LastSeenEvery <= 0 {
 		opts.LastSeenEvery = time.Minute
+	}
+	if opts.LastSeenRate <= 0 {
+		opts.LastSeenRate = 10
 	}
 	if opts.HandshakeTimeout <= 0 {
 		opts.HandshakeTimeout = 10 * time.Second
@@ -415,4 +425,14 @@ func (s *Server) unregister(sess *session) bool {
 		return true
 	}
 	return false
+}
+
+// lastSeenEvery is how often each connected agent's status.lastSeen is recorded:
+// LastSeenEvery, or less often when the connected agents would record more than
+// LastSeenRate a second.
+func (s *Server) lastSeenEvery() time.Duration {
+	s.mu.Lock()
+	n := len(s.sessions)
+	s.mu.Unlock()
+	return max(s.opts.LastSeenEvery, time.Duration(float64(n)/s.opts.LastSeenRate*float64(time.Second)))
 }

@@ -242,11 +242,12 @@ func (s *session) connected(ctx context.Context, hello *protocol.Hello, also ...
 	return s.record(ctx, append([]conditions.Fact{conditions.Connected{At: now, AgentVersion: hello.AgentVersion, KubernetesVersion: hello.KubernetesVersion, Protocol: s.version}}, also...)...)
 }
 
-// seen records status.lastSeen, at most once per LastSeenEvery.
+// seen records status.lastSeen, at most once per lastSeenEvery.
 func (s *session) seen(ctx context.Context) error {
 	now := s.srv.opts.Now()
+	every := s.srv.lastSeenEvery()
 	s.mu.Lock()
-	due := now.Sub(s.lastSeenSaved) >= s.srv.opts.LastSeenEvery
+	due := now.Sub(s.lastSeenSaved) >= every
 	if due {
 		s.lastSeenSaved = now
 	}

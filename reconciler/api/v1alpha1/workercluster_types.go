@@ -385,7 +385,9 @@ type WorkerClusterStatus struct {
 	Credential *CredentialStatus `json:"credential,omitempty"`
 
 	// LastSeen is when the hub last heard from the agent, recorded coarsely (about once
-	// a minute while connected) so that heartbeats do not write to the API server.
+	// a minute while connected, less often with more than 600 agents connected to the
+	// hub: ten records a second in all) so that heartbeats do not write to the API
+	// server.
 	// +optional
 	LastSeen *metav1.Time `json:"lastSeen,omitempty"`
 
