@@ -223,7 +223,7 @@ func printClusterStatus(out io.Writer, wc *v1alpha1.WorkerCluster, now time.Time
 		}
 		row("Expected GPUs", "%s", strings.Join(parts, ", "))
 	}
-	if c := wc.Annotations[v1alpha1.SourceCommitAnnotation]; c != "" {
+	if c := wc.SourceCommit(); c != "" {
 		row("Source commit", "%s", c)
 	}
 	if why := wc.Annotations[v1alpha1.InvalidAnnotation]; why != "" {

@@ -73,14 +73,13 @@ func newHubFixture(t *testing.T) hubFixture {
 		},
 		{
 			ObjectMeta: metav1.ObjectMeta{Namespace: fx.acme, Name: "gpu-east",
-				Labels:      map[string]string{v1alpha1.WorkerClusterLabel: "4-acme-gpu-east"},
-				Annotations: map[string]string{v1alpha1.SourceCommitAnnotation: strings.Repeat("1f", 20)}},
+				Labels: map[string]string{v1alpha1.WorkerClusterLabel: "4-acme-gpu-east"}},
 			Spec: v1alpha1.WorkerClusterSpec{DisplayName: "East GPUs", Region: "us-east1", Zone: "us-east1-b", Residency: "us", Preset: "gke-dws",
 				Quota:               corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("16")},
 				ExpectedGPUs:        []v1alpha1.ExpectedGPU{{Product: "NVIDIA-H100-80GB-HBM3", Count: 16}, {Product: "NVIDIA-L4", Count: 4}},
 				EnrollmentTokenHash: tok.Hash().String()},
 			Status: v1alpha1.WorkerClusterStatus{
-				ObservedGeneration: 1, DesiredHash: hash, AppliedHash: hash,
+				ObservedGeneration: 1, DesiredHash: hash, AppliedHash: hash, Source: &v1alpha1.SourceStatus{Commit: strings.Repeat("1f", 20)},
 				Enrollment: &v1alpha1.Enrollment{TokenHash: tok.Hash().String(), RedeemedAt: at(redeemedAgo),
 					CredentialFingerprint: fx.credentialFP, CredentialIssuedAt: &issued},
 				Credential: &v1alpha1.CredentialStatus{IssuedAt: at(rotatedAgo), ExpiresAt: at(rotatedAgo - credentialLifetime),

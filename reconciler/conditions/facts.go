@@ -241,6 +241,18 @@ type Desired struct {
 
 func (f Desired) record(wc *v1alpha1.WorkerCluster) { wc.Status.DesiredHash = f.Hash }
 
+// Sourced: the cluster's desired state comes from Commit, the newest commit that
+// changed its inputs, whose digest is InputsDigest (none for a cluster leaving the
+// fleet).
+type Sourced struct {
+	Commit       string
+	InputsDigest string
+}
+
+func (f Sourced) record(wc *v1alpha1.WorkerCluster) {
+	wc.Status.Source = &v1alpha1.SourceStatus{Commit: f.Commit, InputsDigest: f.InputsDigest}
+}
+
 // Applied: the agent reported applying a desired state. Sent is the hash of the
 // desired state the tunnel sent it last, when it knows one.
 type Applied struct {

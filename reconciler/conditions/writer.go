@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -35,6 +37,7 @@ type Writer struct {
 	client client.Client
 	reader client.Reader
 	now    func() time.Time
+	log    *slog.Logger
 
 	mu      sync.Mutex
 	changed []func(client.ObjectKey)
@@ -43,6 +46,18 @@ type Writer struct {
 	known map[client.ObjectKey]*stored
 	// young are the entries that hold a copy, oldest first, for dropping the copies.
 	young []youngCopy
+	// deferred are facts waiting for their WorkerCluster's next write (Defer).
+	deferred map[client.ObjectKey]*deferredFacts
+}
+
+// deferredFacts wait for the next write of a WorkerCluster's status, or for their
+// timer. ctx is the context they were deferred under: a hub that stopped meanwhile
+// takes its facts with it, and the next one derives them again.
+type deferredFacts struct {
+	facts  []Fact
+	within time.Duration
+	ctx    context.Context
+	timer  *time.Timer
 }
 
 // stored is what the Writer knows of a WorkerCluster as the API server last stored it.
@@ -71,6 +86,8 @@ type WriterOptions struct {
 	// Reader, when set, is where a record first reads the WorkerCluster: an informer
 	// cache of them. Nil reads the client.
 	Reader client.Reader
+	// Log is where deferred facts that could not be written are told of.
+	Log *slog.Logger
 }
 
 // NewWriter writes through c.
@@ -81,7 +98,11 @@ func NewWriterWith(c client.Client, opts WriterOptions) *Writer {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Writer{client: c, reader: opts.Reader, now: opts.Now, known: map[client.ObjectKey]*stored{}}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Writer{client: c, reader: opts.Reader, now: opts.Now, log: opts.Log,
+		known: map[client.ObjectKey]*stored{}, deferred: map[client.ObjectKey]*deferredFacts{}}
 }
 
 // OnChange has f called, synchronously, with the key of each WorkerCluster whose status
@@ -95,9 +116,23 @@ func (w *Writer) OnChange(f func(client.ObjectKey)) {
 // Record records facts on the WorkerCluster's current status and derives the rest,
 // retrying on conflicts with other writes of the WorkerCluster; with no facts it only
 // derives, for a spec that moved on or a credential whose lifetime moved into its last
-// third or past its end. Nothing is written when nothing changed. It returns the
+// third or past its end. Facts deferred for the WorkerCluster are recorded first, in
+// the same write. Nothing is written when nothing changed. It returns the
 // WorkerCluster as stored afterwards.
 func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact) (*v1alpha1.WorkerCluster, error) {
+	wc, err := w.record(ctx, key, w.takeDeferred(key), facts)
+	if err != nil {
+		return nil, fmt.Errorf("recording the status of WorkerCluster %s: %w", key, err)
+	}
+	return wc, nil
+}
+
+// record records the deferred facts, then facts. Deferred facts that could not be
+// written wait again, unless their WorkerCluster is gone.
+func (w *Writer) record(ctx context.Context, key client.ObjectKey, deferred *deferredFacts, facts []Fact) (*v1alpha1.WorkerCluster, error) {
+	if deferred != nil {
+		facts = append(slices.Clip(deferred.facts), facts...)
+	}
 	var wc *v1alpha1.WorkerCluster
 	changed, first := false, true
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -111,7 +146,10 @@ func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("recording the status of WorkerCluster %s: %w", key, err)
+		if deferred != nil && !apierrors.IsNotFound(err) {
+			w.deferAgain(key, deferred)
+		}
+		return nil, err
 	}
 	if changed {
 		w.notify(key)
@@ -119,10 +157,106 @@ func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact
 	return wc, nil
 }
 
-// Get is the WorkerCluster named key as last stored: from the Reader when it caught up
-// with what the Writer knows, else from what the Writer knows or the API server.
+// Defer records facts with the next write of the WorkerCluster's status, whatever
+// makes it, or on their own once within has passed. The hub defers the desired state
+// it sends an agent: the agent's acknowledgement comes within moments, and one write
+// then records both, where two would double what a change to every cluster costs
+// the hub cluster. Until they are written, Get shows them. Defer reports whether they
+// change the status; facts that change nothing are dropped.
+func (w *Writer) Defer(ctx context.Context, key client.ObjectKey, within time.Duration, facts ...Fact) (bool, error) {
+	wc, err := w.Get(ctx, key)
+	if err != nil {
+		return false, fmt.Errorf("deferring facts about WorkerCluster %s: %w", key, err)
+	}
+	next := wc.DeepCopy()
+	for _, f := range facts {
+		f.record(next)
+	}
+	Derive(next, w.now())
+	if equality.Semantic.DeepEqual(wc.Status, next.Status) {
+		return false, nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	d := w.deferred[key]
+	if d == nil {
+		d = &deferredFacts{within: within, ctx: ctx}
+		w.deferred[key] = d
+		d.timer = time.AfterFunc(within, func() { w.flush(key) })
+	}
+	d.facts = append(d.facts, facts...)
+	return true, nil
+}
+
+// flushTimeout bounds the write of deferred facts whose time came.
+const flushTimeout = time.Minute
+
+// flush writes the deferred facts of the WorkerCluster named key on their own.
+func (w *Writer) flush(key client.ObjectKey) {
+	d := w.takeDeferred(key)
+	if d == nil {
+		return // written with another write meanwhile
+	}
+	if d.ctx.Err() != nil {
+		return // deferred by a hub that stopped
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), flushTimeout)
+	defer cancel()
+	if _, err := w.record(ctx, key, d, nil); err != nil && !apierrors.IsNotFound(err) {
+		w.log.Error("recording deferred facts; trying again", "workerCluster", key, "in", d.within, "error", err)
+	}
+}
+
+// takeDeferred takes the facts deferred for the WorkerCluster named key, if any.
+func (w *Writer) takeDeferred(key client.ObjectKey) *deferredFacts {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	d := w.deferred[key]
+	if d == nil {
+		return nil
+	}
+	d.timer.Stop()
+	delete(w.deferred, key)
+	return d
+}
+
+// deferAgain puts back deferred facts that could not be written, before any deferred
+// since, to be tried again after their delay.
+func (w *Writer) deferAgain(key client.ObjectKey, d *deferredFacts) {
+	if d.ctx.Err() != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if later := w.deferred[key]; later != nil {
+		later.facts = append(slices.Clip(d.facts), later.facts...)
+		return
+	}
+	w.deferred[key] = d
+	d.timer = time.AfterFunc(d.within, func() { w.flush(key) })
+}
+
+// Get is the WorkerCluster named key as last stored, with the facts deferred for it
+// recorded: from the Reader when it caught up with what the Writer knows, else from
+// what the Writer knows or the API server.
 func (w *Writer) Get(ctx context.Context, key client.ObjectKey) (*v1alpha1.WorkerCluster, error) {
-	return w.read(ctx, key, true)
+	wc, err := w.read(ctx, key, true)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	var facts []Fact
+	if d := w.deferred[key]; d != nil {
+		facts = slices.Clone(d.facts)
+	}
+	w.mu.Unlock()
+	if len(facts) > 0 {
+		for _, f := range facts {
+			f.record(wc)
+		}
+		Derive(wc, w.now())
+	}
+	return wc, nil
 }
 
 // read is the WorkerCluster named key: as Get does when cached is set, else from the
@@ -190,11 +324,16 @@ func (w *Writer) Observe(wc *v1alpha1.WorkerCluster) {
 	w.young = w.young[drop:]
 }
 
-// Forget drops what the Writer knows of the WorkerCluster named key, which was deleted.
+// Forget drops what the Writer knows of the WorkerCluster named key, which was
+// deleted, and the facts deferred for it.
 func (w *Writer) Forget(key client.ObjectKey) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.known, key)
+	if d := w.deferred[key]; d != nil {
+		d.timer.Stop()
+		delete(w.deferred, key)
+	}
 }
 
 // digest tells two WorkerClusters' labels, annotations, spec and status apart.

@@ -27,14 +27,14 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
 	s.log.Info("decommissioning a cluster removed from the fleet", "cluster", wc.Name, "policy", policy)
 	if policy == v1alpha1.DecommissionKeep {
-		wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.SourceCommitAnnotation: head})
+		wc.Status.Source = &v1alpha1.SourceStatus{Commit: head}
 		return s.finishDecommission(ctx, wc, "decommissioned: the worker keeps its objects (decommission: Keep); the agent is revoked")
 	}
-	if _, err := s.hub.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), conditions.Desired{Hash: decommissionHash(wc)}); err != nil {
+	if _, err := s.hub.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), conditions.Desired{Hash: decommissionHash(wc)}, conditions.Sourced{Commit: head}); err != nil {
 		return err
 	}
 	patch := client.MergeFrom(wc.DeepCopy())
-	wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.DecommissionAnnotation: "prune", v1alpha1.SourceCommitAnnotation: head})
+	wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.DecommissionAnnotation: "prune"})
 	if err := s.patchWorkerCluster(ctx, wc, patch); err != nil {
 		return err
 	}
@@ -110,7 +110,7 @@ func (s *Source) finishDecommission(ctx context.Context, wc *v1alpha1.WorkerClus
 	}
 	s.hub.opts.Status.Forget(client.ObjectKeyFromObject(wc))
 	s.log.Info("cluster decommissioned", "cluster", wc.Name)
-	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Success, Description: msg})
+	s.post(ctx, sourceOf(wc).Commit, commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Success, Description: msg})
 	s.mu.Lock()
 	delete(s.states, wc.Name)
 	s.mu.Unlock()

@@ -39,14 +39,16 @@ func (s *Source) needsDrain(wc *v1alpha1.WorkerCluster) bool {
 func (s *Source) drain(ctx context.Context, wc *v1alpha1.WorkerCluster, head string, policy v1alpha1.DecommissionPolicy) error {
 	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
 	key := client.ObjectKeyFromObject(wc)
+	facts := []conditions.Fact{conditions.Placed{Pool: wc.Status.Dispatch.Pool, Placement: v1alpha1.PlacementDraining, Withdrawn: wc.Status.Dispatch.Withdrawn}}
 	if wc.Annotations[v1alpha1.DrainingSinceAnnotation] == "" {
 		s.log.Info("draining a cluster removed from the fleet before its decommission", "cluster", wc.Name)
 		patch := client.MergeFrom(wc.DeepCopy())
-		wc.Annotations = mergeMaps(wc.Annotations, map[string]string{
-			v1alpha1.DrainingSinceAnnotation: time.Now().UTC().Format(time.RFC3339), v1alpha1.SourceCommitAnnotation: head})
+		wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.DrainingSinceAnnotation: time.Now().UTC().Format(time.RFC3339)})
 		if err := s.patchWorkerCluster(ctx, wc, patch); err != nil {
 			return err
 		}
+		// The removal's commit, where the drain and the decommission are told of.
+		facts = append(facts, conditions.Sourced{Commit: head})
 	}
 	if ds := holding(s.hub.opts.Tunnel.Desired(identity)); ds != nil {
 		if _, err := s.hub.opts.Status.Record(ctx, key, conditions.Desired{Hash: ds.Hash}); err != nil {
@@ -54,11 +56,12 @@ func (s *Source) drain(ctx context.Context, wc *v1alpha1.WorkerCluster, head str
 		}
 		s.hub.opts.Tunnel.Push(key, identity, ds)
 	}
-	if _, err := s.hub.opts.Status.Record(ctx, key, conditions.Placed{Pool: wc.Status.Dispatch.Pool, Placement: v1alpha1.PlacementDraining, Withdrawn: wc.Status.Dispatch.Withdrawn}); err != nil {
+	stored, err := s.hub.opts.Status.Record(ctx, key, facts...)
+	if err != nil {
 		return err
 	}
 	s.wakeDispatch()
-	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Pending,
+	s.post(ctx, sourceOf(stored).Commit, commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Pending,
 		Description: "removal drains first: no new work; waiting for the work placed on the cluster to finish"})
 	s.awaitDrain(ctx, key, policy)
 	return nil
@@ -118,7 +121,7 @@ func (s *Source) checkDrain(ctx context.Context, key client.ObjectKey, policy v1
 	}
 	over := !time.Now().Before(since.Add(grace))
 	if running > 0 && !over {
-		s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Pending,
+		s.post(ctx, sourceOf(&wc).Commit, commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Pending,
 			Description: fmt.Sprintf("removal drains first: %d %s placed on the cluster still %s; the decommission begins by %s at the latest",
 				running, plural(running, "job", "jobs"), plural(running, "runs", "run"), since.Add(grace).UTC().Format(time.RFC3339))})
 		s.awaitDrain(ctx, key, policy)
@@ -130,7 +133,7 @@ func (s *Source) checkDrain(ctx context.Context, key client.ObjectKey, policy v1
 	if err := s.patchWorkerCluster(ctx, &wc, patch); err != nil {
 		return err
 	}
-	if err := s.decommission(ctx, &wc, wc.Annotations[v1alpha1.SourceCommitAnnotation], policy); err != nil {
+	if err := s.decommission(ctx, &wc, sourceOf(&wc).Commit, policy); err != nil {
 		return err
 	}
 	// The decommission takes the cluster out of the hub's Kueue: its MultiKueueCluster

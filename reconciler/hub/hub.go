@@ -67,6 +67,11 @@ type Options struct {
 	// hub had connected before it records the missing ones as disconnected. Default 1
 	// minute; it should exceed the agents' redial backoff.
 	StaleAfter time.Duration
+	// AckWait is how long a desired state sent to a connected agent waits, unrecorded,
+	// for the agent's acknowledgement, so that one status write records both: a change
+	// to every cluster then costs one write per cluster that did not change in Git.
+	// Default 2 seconds; negative records each desired state when it is sent.
+	AckWait time.Duration
 	// PlanTimeout bounds one pull request's plan, and the listing and fetching before
 	// it. Default 1 minute.
 	PlanTimeout time.Duration
@@ -82,6 +87,11 @@ type Options struct {
 	// dispatches to the workers; nil when the hub runs without its API proxy.
 	Dispatch Dispatcher
 }
+
+// DefaultAckWait is Options.AckWait's default: an agent applies a desired state within
+// a second or so, and a hub cluster that lags does not hold the acknowledgement back
+// (the facts go with any write of the status, as soon as it begins).
+const DefaultAckWait = 2 * time.Second
 
 // Tunnel is what the hub needs of the agents' tunnels (reconciler/tunnel's Server).
 type Tunnel interface {
@@ -126,6 +136,9 @@ func New(opts Options) (*Hub, error) {
 	}
 	if opts.StaleAfter <= 0 {
 		opts.StaleAfter = time.Minute
+	}
+	if opts.AckWait == 0 {
+		opts.AckWait = DefaultAckWait
 	}
 	if opts.PlanTimeout <= 0 {
 		opts.PlanTimeout = time.Minute

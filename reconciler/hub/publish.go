@@ -35,8 +35,30 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 	if wc.Annotations[v1alpha1.DecommissionAnnotation] != "" {
 		return s.maybeFinishDecommission(ctx, wc)
 	}
+	s.publish(ctx, wc)
+	return nil
+}
+
+// publishDeferred publishes the cluster named name as the status writer shows it with
+// its deferred facts, without writing them: the state sent to its agent, on the way.
+// Posted while the sync that sent it runs, so that the commit is counted as touching
+// it (statusBook); the agent's acknowledgement refreshes it after.
+func (s *Source) publishDeferred(ctx context.Context, name string) error {
+	unlock := s.refreshLocks.lock(name)
+	defer unlock()
+	wc, err := s.hub.opts.Status.Get(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: name})
+	if err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	s.publish(ctx, wc)
+	return nil
+}
+
+// publish posts wc's commit status, and counts its state for the fleet's summary.
+func (s *Source) publish(ctx context.Context, wc *v1alpha1.WorkerCluster) {
+	name := wc.Name
 	st := conditions.CommitStatus(s.context(name), wc)
-	s.post(ctx, wc.Annotations[v1alpha1.SourceCommitAnnotation], st)
+	s.post(ctx, sourceOf(wc).Commit, st)
 	s.mu.Lock()
 	s.states[name] = st.State
 	if d := wc.Status.Dispatch; d != nil && d.Placement == v1alpha1.PlacementPoolFull {
@@ -56,7 +78,6 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 	// when it reads differently from what the commit shows. Derived once for many
 	// refreshes (summary.go): it costs time in proportion to the fleet.
 	s.publishFleetSoon()
-	return nil
 }
 
 // publishFleet posts the fleet's summary on the head: how many of the fleet's clusters

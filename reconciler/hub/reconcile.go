@@ -123,7 +123,10 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		if wc == nil {
 			return nil
 		}
-		return s.annotate(ctx, wc, map[string]string{v1alpha1.InvalidAnnotation: why, v1alpha1.SourceCommitAnnotation: head, v1alpha1.SourceDigestAnnotation: digest})
+		if _, err := s.hub.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), conditions.Sourced{Commit: head, InputsDigest: digest}); err != nil {
+			return err
+		}
+		return s.annotate(ctx, wc, map[string]string{v1alpha1.InvalidAnnotation: why})
 	}
 	if p.err != nil {
 		return p.err
@@ -149,14 +152,13 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 	s.mu.Unlock()
 
 	commit := head
-	if wc != nil && wc.Annotations[v1alpha1.SourceDigestAnnotation] == digest && wc.Annotations[v1alpha1.SourceCommitAnnotation] != "" {
-		commit = wc.Annotations[v1alpha1.SourceCommitAnnotation] // nothing of it changed
+	if src := sourceOf(wc); src.InputsDigest == digest && src.Commit != "" {
+		commit = src.Commit // nothing of it changed
 	}
 	key := client.ObjectKey{Namespace: s.opts.Namespace, Name: c.Name}
 	want, err := s.writeWorkerCluster(ctx, c.Name, wc, func(want *v1alpha1.WorkerCluster) {
 		want.Labels = mergeMaps(want.Labels, map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue, v1alpha1.WorkerClusterLabel: identity})
-		want.Annotations = mergeMaps(want.Annotations, map[string]string{v1alpha1.SourceCommitAnnotation: commit, v1alpha1.SourceDigestAnnotation: digest,
-			v1alpha1.EnrollmentBlobAnnotation: p.blob})
+		want.Annotations = mergeMaps(want.Annotations, map[string]string{v1alpha1.EnrollmentBlobAnnotation: p.blob})
 		delete(want.Annotations, v1alpha1.InvalidAnnotation)
 		delete(want.Annotations, v1alpha1.DecommissionAnnotation)
 		delete(want.Annotations, v1alpha1.HubErrorAnnotation)
@@ -170,24 +172,58 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		return err
 	}
 
-	if _, err := s.hub.opts.Status.Record(ctx, key, conditions.Desired{Hash: res.Hash}); err != nil {
-		return err
-	}
+	facts := []conditions.Fact{conditions.Desired{Hash: res.Hash}, conditions.Sourced{Commit: commit, InputsDigest: digest}}
 	// The tunnel holds the state it was pushed and sends it on every connect and
 	// resync: the same state again would only be sent again.
-	if d := s.hub.opts.Tunnel.Desired(identity); d == nil || d.Decommission || d.Hash != res.Hash || d.Generation != want.Generation {
-		comps := res.Components
-		ds := &protocol.DesiredState{Generation: want.Generation, Hash: res.Hash, Components: &comps}
-		for _, o := range res.Objects {
-			raw, err := json.Marshal(o.Object)
-			if err != nil {
-				return err
-			}
-			ds.Objects = append(ds.Objects, raw)
+	d := s.hub.opts.Tunnel.Desired(identity)
+	if d != nil && !d.Decommission && d.Hash == res.Hash && d.Generation == want.Generation {
+		if _, err := s.hub.opts.Status.Record(ctx, key, facts...); err != nil {
+			return err
+		}
+		return s.refresh(ctx, c.Name)
+	}
+	comps := res.Components
+	ds := &protocol.DesiredState{Generation: want.Generation, Hash: res.Hash, Components: &comps}
+	for _, o := range res.Objects {
+		raw, err := json.Marshal(o.Object)
+		if err != nil {
+			return err
+		}
+		ds.Objects = append(ds.Objects, raw)
+	}
+	if s.hub.opts.AckWait > 0 && s.hub.opts.Tunnel.Connected(identity) {
+		// The agent's acknowledgement records the new state with it, in one write, and
+		// has the cluster refreshed.
+		changed, err := s.hub.opts.Status.Defer(ctx, key, s.hub.opts.AckWait, facts...)
+		if err != nil {
+			return err
+		}
+		if !changed {
+			s.hub.opts.Tunnel.Push(key, identity, ds)
+			return s.refresh(ctx, c.Name)
+		}
+		// Published before the push, so that the refresh the acknowledgement brings
+		// comes after.
+		if err := s.publishDeferred(ctx, c.Name); err != nil {
+			return err
 		}
 		s.hub.opts.Tunnel.Push(key, identity, ds)
+		return nil
 	}
+	if _, err := s.hub.opts.Status.Record(ctx, key, facts...); err != nil {
+		return err
+	}
+	s.hub.opts.Tunnel.Push(key, identity, ds)
 	return s.refresh(ctx, c.Name)
+}
+
+// sourceOf is where wc's desired state comes from; empty when the hub has not
+// recorded it, or wc is nil.
+func sourceOf(wc *v1alpha1.WorkerCluster) v1alpha1.SourceStatus {
+	if wc == nil || wc.Status.Source == nil {
+		return v1alpha1.SourceStatus{}
+	}
+	return *wc.Status.Source
 }
 
 // annotate sets annotations of wc, unless it has them already, and refreshes it.

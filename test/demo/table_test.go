@@ -70,7 +70,7 @@ func (d *demo) rows(ctx context.Context) ([]row, error) {
 			r.gpus = gpus(wc.Status.GPUs)
 			r.conditions = wc.Status.Conditions
 			// The hub records where the cluster's state came from: its status is there.
-			if c := wc.Annotations[v1alpha1.SourceCommitAnnotation]; c != "" {
+			if c := wc.SourceCommit(); c != "" {
 				r.commit = c
 			}
 		}

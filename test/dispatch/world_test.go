@@ -550,7 +550,7 @@ func (w *world) commitStatusOn(tb testing.TB, wk *worker, commit string, want co
 			if err := w.hub.Client.Get(tb.Context(), types.NamespacedName{Namespace: w.ns, Name: wk.name}, &wc); err != nil {
 				return false, err.Error()
 			}
-			if sha = wc.Annotations[v1alpha1.SourceCommitAnnotation]; sha == "" {
+			if sha = wc.SourceCommit(); sha == "" {
 				return false, "no source commit yet"
 			}
 		}

@@ -325,7 +325,7 @@ func (f *fleetRepo) statusCommit(name string) string {
 	if err := hub().Get(f.t.Context(), types.NamespacedName{Namespace: f.ns, Name: name}, &wc); err != nil {
 		f.t.Fatal(err)
 	}
-	return wc.Annotations[v1alpha1.SourceCommitAnnotation]
+	return wc.SourceCommit()
 }
 
 // startAgent runs an agent in-process with the values file's identity and token.

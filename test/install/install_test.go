@@ -111,7 +111,7 @@ func TestTheReadmePathTakesAFirstWorkerToGreen(t *testing.T) {
 				t.Errorf("%s = %+v, want True", typ, c)
 			}
 		}
-		if got := wc.Annotations[v1alpha1.SourceCommitAnnotation]; got != w.merged {
+		if got := wc.SourceCommit(); got != w.merged {
 			t.Errorf("the cluster's state comes from commit %s, not the merge %s", got, w.merged)
 		}
 		// The README sends jobs to the pool's LocalQueue in the workload namespaces.

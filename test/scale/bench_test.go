@@ -255,7 +255,17 @@ func (w *world) changeAll(b *testing.B) (acked, summarized time.Duration, forgeR
 	acked = time.Since(began)
 	w.waitForge(b, sha, "flotilla/fleet", "success", 5*time.Minute)
 	summarized = time.Since(began)
-	return acked, summarized, len(w.forge.Store.Requests()) - forgeBefore
+	made := w.forge.Store.Requests()[forgeBefore:]
+	kinds := map[string]int{}
+	for _, r := range made {
+		on := "another commit"
+		if strings.Contains(r.Path, sha) {
+			on = "the commit"
+		}
+		kinds[r.Method+" on "+on]++
+	}
+	b.Logf("the forge's requests for a fleet-wide commit: %v", kinds)
+	return acked, summarized, len(made)
 }
 
 // waitForge waits until the forge shows state for context on commit, looking every

@@ -18,8 +18,9 @@ var quiet = hubProfile{QPS: realistic.QPS, Burst: realistic.Burst, AsServiceAcco
 
 // What a commit costs the hub cluster is what it changed: nothing for a commit that
 // changes no cluster's state (however much the hub re-reads and re-renders), and for
-// each changed cluster its WorkerCluster's update, its new desired state on the status
-// and its agent's acknowledgement. Nothing is read from the API server: the hub lists
+// each changed cluster one write of its status, which records the new desired state
+// and its agent's acknowledgement together, after an update of its WorkerCluster when
+// its spec changed. Nothing is read from the API server: the hub lists
 // and reads from its cache. And no enrollment file is decrypted again: a hub decrypts
 // each file's content once.
 func TestACommitCostsTheHubClusterWhatItChangesAndNoMore(t *testing.T) {
@@ -33,7 +34,6 @@ func TestACommitCostsTheHubClusterWhatItChangesAndNoMore(t *testing.T) {
 	fleetFile := w.file(fleet.FleetFile)
 	cordoned := fleetgen.ClusterName(3)
 	clusterFile := fleet.ClustersDir + "/" + cordoned + "/" + fleet.ClusterFile
-	perCluster := func(n int) map[string]int { return map[string]int{"update": n, "patch": 2 * n} }
 
 	for _, tc := range []struct {
 		name    string
@@ -47,9 +47,11 @@ func TestACommitCostsTheHubClusterWhatItChangesAndNoMore(t *testing.T) {
 		{name: "a commit outside the clusters' inputs", changes: map[string][]byte{"README.md": []byte("nothing the hub reads\n")}},
 		{name: "a fleet-wide commit that changes no cluster's state", changes: map[string][]byte{
 			fleet.FleetFile: []byte(fleetFile + "# a comment re-reads and re-renders every cluster\n")}},
-		{name: "a commit that changes one cluster", waitFor: cordoned, writes: perCluster(1), changes: map[string][]byte{
+		// Its WorkerCluster's spec, and its status: the state sent, acknowledged.
+		{name: "a commit that changes one cluster", waitFor: cordoned, writes: map[string]int{"update": 1, "patch": 1}, changes: map[string][]byte{
 			clusterFile: []byte(strings.Replace(w.file(clusterFile), "cordoned: false", "cordoned: true", 1))}},
-		{name: "a fleet-wide commit that changes every cluster", all: true, writes: perCluster(clusters), changes: map[string][]byte{
+		// Each cluster's status alone: nothing of the WorkerClusters changed in Git.
+		{name: "a fleet-wide commit that changes every cluster", all: true, writes: map[string]int{"patch": clusters}, changes: map[string][]byte{
 			fleet.FleetFile: []byte(strings.Replace(fleetFile, "    - ml-training\n", "    - ml-training\n    - ml-serving\n", 1))}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -108,6 +108,32 @@ const (
 	ReasonLifetimeNotRecorded = "LifetimeNotRecorded"
 )
 
+// SourceStatus is where in the fleet repository a cluster's desired state comes from.
+// It is status, recorded with the agent's acknowledgement when that comes promptly,
+// so that a change to every cluster costs one write of each WorkerCluster, not one
+// for the commit and another for the state.
+type SourceStatus struct {
+	// Commit is the newest commit that changed the cluster's inputs (its directory or
+	// a fleet-wide file): where its commit status goes.
+	// +kubebuilder:validation:MaxLength=64
+	Commit string `json:"commit"`
+
+	// InputsDigest is a digest of those inputs, so that a hub re-reading everything
+	// after a restart can tell which clusters really changed.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	InputsDigest string `json:"inputsDigest,omitempty"`
+}
+
+// SourceCommit is the commit the cluster's desired state comes from, where its commit
+// status goes; empty until the hub recorded one.
+func (wc *WorkerCluster) SourceCommit() string {
+	if wc.Status.Source == nil {
+		return ""
+	}
+	return wc.Status.Source.Commit
+}
+
 // DefaultCredentialLifetime is how long an agent credential is accepted when neither
 // fleet.yaml nor cluster.yaml says: the hub rotates it daily, so a working cluster never
 // comes near it, and a cluster whose rotations fail has a month's warning.
@@ -122,12 +148,6 @@ const (
 
 // Annotations the hub keeps on a WorkerCluster.
 const (
-	// SourceCommitAnnotation is the newest commit that changed the cluster's inputs
-	// (its directory or a fleet-wide file): where its commit status goes.
-	SourceCommitAnnotation = "flotilla.dev/source-commit"
-	// SourceDigestAnnotation is a digest of those inputs, so that a hub re-reading
-	// everything after a restart can tell which clusters really changed.
-	SourceDigestAnnotation = "flotilla.dev/source-digest"
 	// EnrollmentBlobAnnotation is git's object name of the enrollment file whose token
 	// hash is spec.enrollmentTokenHash, so that a hub that starts afresh on a fleet it
 	// enrolled before decrypts (asks the key service about) only the files that
@@ -374,6 +394,10 @@ type WorkerClusterStatus struct {
 	// AppliedHash is the desired generation the agent last applied.
 	// +optional
 	AppliedHash string `json:"appliedHash,omitempty"`
+
+	// Source is the commit of the fleet repository the desired state comes from.
+	// +optional
+	Source *SourceStatus `json:"source,omitempty"`
 
 	// Enrollment is set once an agent redeemed the enrollment token.
 	// +optional
