@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/flotilla-gitops/flotilla/reconciler/hubclient"
 )
 
 // Config is the hub's configuration file. Secrets are never written into it: every
@@ -22,9 +24,13 @@ type Config struct {
 	// apply report and inventory is a few requests, so a hub of thousands of agents
 	// needs far more than client-go's default of 5 per second. Default 100 per second,
 	// bursts of 200; the API server's priority and fairness still protects it.
+	// MaxInFlight bounds the requests under way at once, so that a slow API server
+	// slows the hub down rather than refuses it (hubclient); default 64, negative for
+	// no bound.
 	KubeAPI struct {
-		QPS   float32 `yaml:"qps"`
-		Burst int     `yaml:"burst"`
+		QPS         float32 `yaml:"qps"`
+		Burst       int     `yaml:"burst"`
+		MaxInFlight int     `yaml:"maxInFlight"`
 	} `yaml:"kubeAPI"`
 	Listen struct {
 		// Tunnel is where agents dial in (wss, or ws on loopback when allowed).
@@ -245,6 +251,9 @@ func (c *Config) check() error {
 	}
 	if c.KubeAPI.Burst == 0 {
 		c.KubeAPI.Burst = max(200, int(2*c.KubeAPI.QPS))
+	}
+	if c.KubeAPI.MaxInFlight == 0 {
+		c.KubeAPI.MaxInFlight = hubclient.DefaultMaxInFlight
 	}
 	if c.Plans.Timeout < 0 || c.Plans.Workers < 0 || c.Plans.MaxRenderedClusters < 0 {
 		return errors.New("plans: timeout, workers and maxRenderedClusters must not be negative")

@@ -44,8 +44,8 @@ func TestLoadConfig(t *testing.T) {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 	// Thousands of agents each cost the hub cluster a few requests when they connect.
-	if c.KubeAPI.QPS != 100 || c.KubeAPI.Burst != 200 {
-		t.Fatalf("kubeAPI = %+v, want 100 requests per second in bursts of 200", c.KubeAPI)
+	if c.KubeAPI.QPS != 100 || c.KubeAPI.Burst != 200 || c.KubeAPI.MaxInFlight != 64 {
+		t.Fatalf("kubeAPI = %+v, want 100 requests per second in bursts of 200, 64 at most in flight", c.KubeAPI)
 	}
 	rc, err := restConfig(&Config{Kubeconfig: writeKubeconfig(t), KubeAPI: c.KubeAPI})
 	if err != nil || rc.QPS != 100 || rc.Burst != 200 {

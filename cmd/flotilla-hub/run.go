@@ -37,6 +37,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/hub"
 	"github.com/flotilla-gitops/flotilla/reconciler/hubcache"
+	"github.com/flotilla-gitops/flotilla/reconciler/hubclient"
 	"github.com/flotilla-gitops/flotilla/reconciler/leader"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
@@ -55,6 +56,7 @@ func restConfig(cfg *Config) (*rest.Config, error) {
 		return nil, err
 	}
 	rc.QPS, rc.Burst = cfg.KubeAPI.QPS, cfg.KubeAPI.Burst
+	hubclient.LimitInFlight(rc, cfg.KubeAPI.MaxInFlight)
 	return rc, nil
 }
 

@@ -66,8 +66,8 @@ const idleWindow = 90 * time.Second
 // BenchmarkHub measures the hub in fleets of 1, 1,000 and 10,000 clusters, one after
 // the other in one process, each set up once (at ten thousand clusters that takes
 // minutes) with the hub as cmd/flotilla-hub runs it by default: its client limited to
-// 100 requests a second in bursts of 200, as a service account that the API server's
-// priority and fairness may queue or refuse. Success is what a cluster's commit status
+// 100 requests a second in bursts of 200 and 64 under way at once, as a service
+// account that the API server's priority and fairness may queue or refuse. Success is what a cluster's commit status
 // calls it without dispatch: configured at the new generation.
 //
 //   - push-to-success: a commit cordons or uncordons one cluster; from the webhook to
@@ -94,7 +94,7 @@ func BenchmarkHub(b *testing.B) {
 		w := newWorld(b, n, profile)
 		b.Run(fmt.Sprintf("clusters=%d/push-to-success", n), func(b *testing.B) {
 			var took []time.Duration
-			before := w.hub.requests.snapshot()
+			before, fetched := w.hub.requests.snapshot(), w.hub.fetchTime()
 			for b.Loop() {
 				for range pushSamples {
 					took = append(took, w.pushOne(b, len(took)))
@@ -113,6 +113,8 @@ func BenchmarkHub(b *testing.B) {
 			b.ReportMetric(took[len(took)-1].Seconds(), "s-max")
 			b.ReportMetric(float64(got.writes())/float64(len(took)), "writes/push")
 			b.ReportMetric(float64(got.reads())/float64(len(took)), "reads/push")
+			// Of which fetching the commit and telling what it changed.
+			b.ReportMetric((w.hub.fetchTime()-fetched).Seconds()/float64(len(took)), "s-fetch/push")
 			if one, ok := pushes[1]; ok && n > 1 {
 				b.ReportMetric(mean.Seconds()/one.Seconds(), "x-1-cluster")
 			}

@@ -42,6 +42,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	fhub "github.com/flotilla-gitops/flotilla/reconciler/hub"
 	"github.com/flotilla-gitops/flotilla/reconciler/hubcache"
+	"github.com/flotilla-gitops/flotilla/reconciler/hubclient"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
@@ -89,15 +90,17 @@ type hubProfile struct {
 	AsServiceAccount bool
 	// LastSeenEvery is the tunnel's; zero for its default.
 	LastSeenEvery time.Duration
+	// MaxInFlight bounds the requests under way at once (hubclient); zero for none.
+	MaxInFlight int
 }
 
-// realistic is cmd/flotilla-hub's default client (kubeAPI.qps 100, burst 200) as
-// the hub's service account.
-var realistic = hubProfile{QPS: 100, Burst: 200, AsServiceAccount: true}
+// realistic is cmd/flotilla-hub's default client (kubeAPI.qps 100, burst 200, 64
+// requests in flight at most) as the hub's service account.
+var realistic = hubProfile{QPS: 100, Burst: 200, AsServiceAccount: true, MaxInFlight: hubclient.DefaultMaxInFlight}
 
 // setup is a hub that builds a world about as fast as the API server takes it:
 // faster, and its requests time out, and the records they carry are lost.
-var setup = hubProfile{QPS: 300, Burst: 600}
+var setup = hubProfile{QPS: 300, Burst: 600, MaxInFlight: hubclient.DefaultMaxInFlight}
 
 // hubServiceAccount is the identity a hub of the realistic profile acts as.
 const (
@@ -335,6 +338,15 @@ type hubRun struct {
 	// syncs counts the syncs done; synced is closed and replaced at each.
 	syncs  int
 	synced chan struct{}
+	// fetching is the time the syncs spent fetching the fleet's repository.
+	fetching time.Duration
+}
+
+// fetchTime is how long the hub's syncs spent fetching so far.
+func (h *hubRun) fetchTime() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fetching
 }
 
 // syncCount is how many syncs the hub did.
@@ -376,6 +388,7 @@ func (w *world) startHub(l net.Listener, profile hubProfile) *hubRun {
 			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + hubServiceAccountNS, "system:authenticated"},
 		}
 	}
+	hubclient.LimitInFlight(rc, profile.MaxInFlight)
 	rc.Wrap(h.requests.wrap)
 	scheme := newScheme(tb)
 	c, err := client.New(rc, client.Options{Scheme: scheme})
@@ -404,7 +417,12 @@ func (w *world) startHub(l net.Listener, profile hubProfile) *hubRun {
 		close(h.synced)
 		h.synced = make(chan struct{})
 	}
-	hb, err := fhub.New(fhub.Options{Client: c, Reader: cached, Decryptor: h.dec, Tunnel: srv, Status: status, Log: log, OnSync: onSync})
+	onFetch := func(_ string, took time.Duration, _ error) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.fetching += took
+	}
+	hb, err := fhub.New(fhub.Options{Client: c, Reader: cached, Decryptor: h.dec, Tunnel: srv, Status: status, Log: log, OnSync: onSync, OnFetch: onFetch})
 	if err != nil {
 		cancel()
 		tb.Fatal(err)

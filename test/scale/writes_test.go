@@ -14,7 +14,7 @@ import (
 
 // quiet is the realistic hub with status.lastSeen left alone for the test's length,
 // so that every request counted is one a commit caused.
-var quiet = hubProfile{QPS: realistic.QPS, Burst: realistic.Burst, AsServiceAccount: true, LastSeenEvery: time.Hour}
+var quiet = hubProfile{QPS: realistic.QPS, Burst: realistic.Burst, AsServiceAccount: true, LastSeenEvery: time.Hour, MaxInFlight: realistic.MaxInFlight}
 
 // What a commit costs the hub cluster is what it changed: nothing for a commit that
 // changes no cluster's state (however much the hub re-reads and re-renders), and for

@@ -110,6 +110,7 @@ pod's environment or in the release's values.
 {{- $kubeAPI := dict -}}
 {{- with $v.kubeAPI.qps }}{{ $_ := set $kubeAPI "qps" (float64 .) }}{{ end -}}
 {{- with $v.kubeAPI.burst }}{{ $_ := set $kubeAPI "burst" (int64 .) }}{{ end -}}
+{{- with $v.kubeAPI.maxInFlight }}{{ $_ := set $kubeAPI "maxInFlight" (int64 .) }}{{ end -}}
 {{- with $kubeAPI }}{{ $_ := set $cfg "kubeAPI" . }}{{ end -}}
 {{- if $v.dispatch.enabled -}}
 {{- $d := dict "listen" (printf ":%d" (int $v.dispatch.port)) "url" (include "flotilla-hub.dispatchURL" .) "namespace" .Release.Namespace "caSecret" (include "flotilla-hub.caSecret" .) "kueueNamespace" $v.dispatch.kueueNamespace -}}
