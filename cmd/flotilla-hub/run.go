@@ -106,7 +106,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 	// The tunnel and the hub's reconciler both learn facts about the clusters; one
 	// writer turns them into the WorkerClusters' status.
-	status := conditions.NewWriterWith(c, conditions.WriterOptions{Reader: cached})
+	status := conditions.NewWriterWith(c, conditions.WriterOptions{Reader: cached, Log: log})
 	tun, err := tunnel.New(tunnel.Options{Client: c, Reader: cached, IdentityIndexed: true, Status: status, Liveness: live, AllowInsecureLoopback: cfg.AllowInsecureLoopback, Log: log})
 	if err != nil {
 		return err

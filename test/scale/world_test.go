@@ -402,7 +402,7 @@ func (w *world) startHub(l net.Listener, profile hubProfile) *hubRun {
 		tb.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(h.log, w.logFile("hub")), nil))
-	status := conditions.NewWriterWith(c, conditions.WriterOptions{Reader: cached})
+	status := conditions.NewWriterWith(c, conditions.WriterOptions{Reader: cached, Log: log})
 	srv, err := tunnel.New(tunnel.Options{Client: c, Reader: cached, IdentityIndexed: true, Status: status, AllowInsecureLoopback: true, LastSeenEvery: profile.LastSeenEvery, Log: log})
 	if err != nil {
 		cancel()
