@@ -7,9 +7,11 @@ import (
 	"testing"
 	"testing/fstest"
 
+	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/render"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
+	"github.com/flotilla-gitops/flotilla/test/gittree"
 )
 
 // benchOptions is a fleet as one might run it: a few clusters cordoned, a few with their
@@ -17,22 +19,35 @@ import (
 var benchOptions = fleetgen.Options{CordonEvery: 20, OverlayEvery: 50}
 
 // BenchmarkFullRender is what a hub does on start or after a fleet-wide change: load,
-// validate and render every cluster.
+// validate and render every cluster. The fleet is read from a directory on disk, as
+// the issue that set the goal measured it, and from a commit's tree in memory, which
+// is what the hub reads (gitsource keeps the objects it fetched in memory).
 func BenchmarkFullRender(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
-		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
-			fsys := os.DirFS(fleetgen.WriteDir(b, fleetgen.Fleet(n, benchOptions)))
-			b.ReportAllocs()
-			for b.Loop() {
-				f := fleet.Load(fsys)
-				r := render.New()
-				for _, name := range f.ClusterNames() {
-					if _, err := r.Render(f, name); err != nil {
-						b.Fatal(err)
+		sources := []struct {
+			name string
+			fsys func(b *testing.B) fs.FS
+		}{
+			{"disk", func(b *testing.B) fs.FS { return os.DirFS(fleetgen.WriteDir(b, fleetgen.Fleet(n, benchOptions))) }},
+			{"git", func(b *testing.B) fs.FS {
+				return gitsource.NewTreeFS(gittree.New(b, gittree.FromMapFS(fleetgen.Fleet(n, benchOptions))))
+			}},
+		}
+		for _, src := range sources {
+			b.Run(fmt.Sprintf("clusters=%d/from=%s", n, src.name), func(b *testing.B) {
+				fsys := src.fsys(b)
+				b.ReportAllocs()
+				for b.Loop() {
+					f := fleet.Load(fsys)
+					r := render.New()
+					for _, name := range f.ClusterNames() {
+						if _, err := r.Render(f, name); err != nil {
+							b.Fatal(err)
+						}
 					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
