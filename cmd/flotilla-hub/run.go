@@ -56,16 +56,20 @@ func restConfig(cfg *Config) (*rest.Config, error) {
 		return nil, err
 	}
 	rc.QPS, rc.Burst = cfg.KubeAPI.QPS, cfg.KubeAPI.Burst
-	hubclient.LimitInFlight(rc, cfg.KubeAPI.MaxInFlight)
 	return rc, nil
 }
 
 // run serves until ctx ends.
 func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
-	rc, err := restConfig(cfg)
+	base, err := restConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("the hub cluster: %w", err)
 	}
+	// The Lease is renewed outside the bound on requests in flight: a hub that waits on
+	// a slow API server with thousands of status writes must not lose its leadership
+	// behind them.
+	rc := rest.CopyConfig(base)
+	hubclient.LimitInFlight(rc, cfg.KubeAPI.MaxInFlight)
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return err
@@ -172,7 +176,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 
 	var elector *leader.Elector
 	if le := cfg.LeaderElection; le.Enabled {
-		elector, err = leader.New(leader.Options{Config: rc, Namespace: le.Namespace, Name: le.Name, Pod: le.PodName, PodNamespace: le.PodNamespace, Log: log})
+		elector, err = leader.New(leader.Options{Config: base, Namespace: le.Namespace, Name: le.Name, Pod: le.PodName, PodNamespace: le.PodNamespace, Log: log})
 		if err != nil {
 			return err
 		}

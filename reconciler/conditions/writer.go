@@ -48,6 +48,45 @@ type Writer struct {
 	young []youngCopy
 	// deferred are facts waiting for their WorkerCluster's next write (Defer).
 	deferred map[client.ObjectKey]*deferredFacts
+	// writing keeps the records, deferrals and reads of one WorkerCluster apart, so
+	// that deferred facts a write took are never missing from what a read shows, and
+	// never written after facts recorded later.
+	writing keyLocks
+}
+
+// keyLocks are a mutex per WorkerCluster, held by someone.
+type keyLocks struct {
+	mu    sync.Mutex
+	locks map[client.ObjectKey]*keyLock
+}
+
+type keyLock struct {
+	sync.Mutex
+	holders int
+}
+
+// lock locks key's mutex and returns its unlock.
+func (k *keyLocks) lock(key client.ObjectKey) (unlock func()) {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[client.ObjectKey]*keyLock{}
+	}
+	l := k.locks[key]
+	if l == nil {
+		l = &keyLock{}
+		k.locks[key] = l
+	}
+	l.holders++
+	k.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		k.mu.Lock()
+		if l.holders--; l.holders == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
 }
 
 // deferredFacts wait for the next write of a WorkerCluster's status, or for their
@@ -120,6 +159,7 @@ func (w *Writer) OnChange(f func(client.ObjectKey)) {
 // the same write. Nothing is written when nothing changed. It returns the
 // WorkerCluster as stored afterwards.
 func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact) (*v1alpha1.WorkerCluster, error) {
+	defer w.writing.lock(key)()
 	wc, err := w.record(ctx, key, w.takeDeferred(key), facts)
 	if err != nil {
 		return nil, fmt.Errorf("recording the status of WorkerCluster %s: %w", key, err)
@@ -128,7 +168,7 @@ func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact
 }
 
 // record records the deferred facts, then facts. Deferred facts that could not be
-// written wait again, unless their WorkerCluster is gone.
+// written wait again, unless their WorkerCluster is gone. The caller holds key's lock.
 func (w *Writer) record(ctx context.Context, key client.ObjectKey, deferred *deferredFacts, facts []Fact) (*v1alpha1.WorkerCluster, error) {
 	if deferred != nil {
 		facts = append(slices.Clip(deferred.facts), facts...)
@@ -164,7 +204,8 @@ func (w *Writer) record(ctx context.Context, key client.ObjectKey, deferred *def
 // the hub cluster. Until they are written, Get shows them. Defer reports whether they
 // change the status; facts that change nothing are dropped.
 func (w *Writer) Defer(ctx context.Context, key client.ObjectKey, within time.Duration, facts ...Fact) (bool, error) {
-	wc, err := w.Get(ctx, key)
+	defer w.writing.lock(key)()
+	wc, err := w.get(ctx, key)
 	if err != nil {
 		return false, fmt.Errorf("deferring facts about WorkerCluster %s: %w", key, err)
 	}
@@ -182,7 +223,7 @@ func (w *Writer) Defer(ctx context.Context, key client.ObjectKey, within time.Du
 	if d == nil {
 		d = &deferredFacts{within: within, ctx: ctx}
 		w.deferred[key] = d
-		d.timer = time.AfterFunc(within, func() { w.flush(key) })
+		d.timer = time.AfterFunc(within, func() { w.flush(key, d) })
 	}
 	d.facts = append(d.facts, facts...)
 	return true, nil
@@ -191,12 +232,16 @@ func (w *Writer) Defer(ctx context.Context, key client.ObjectKey, within time.Du
 // flushTimeout bounds the write of deferred facts whose time came.
 const flushTimeout = time.Minute
 
-// flush writes the deferred facts of the WorkerCluster named key on their own.
-func (w *Writer) flush(key client.ObjectKey) {
-	d := w.takeDeferred(key)
-	if d == nil {
+// flush writes d, the deferred facts of the WorkerCluster named key, on their own.
+func (w *Writer) flush(key client.ObjectKey, d *deferredFacts) {
+	defer w.writing.lock(key)()
+	w.mu.Lock()
+	current := w.deferred[key] == d
+	w.mu.Unlock()
+	if !current {
 		return // written with another write meanwhile
 	}
+	w.takeDeferred(key)
 	if d.ctx.Err() != nil {
 		return // deferred by a hub that stopped
 	}
@@ -233,13 +278,19 @@ func (w *Writer) deferAgain(key client.ObjectKey, d *deferredFacts) {
 		return
 	}
 	w.deferred[key] = d
-	d.timer = time.AfterFunc(d.within, func() { w.flush(key) })
+	d.timer = time.AfterFunc(d.within, func() { w.flush(key, d) })
 }
 
 // Get is the WorkerCluster named key as last stored, with the facts deferred for it
 // recorded: from the Reader when it caught up with what the Writer knows, else from
 // what the Writer knows or the API server.
 func (w *Writer) Get(ctx context.Context, key client.ObjectKey) (*v1alpha1.WorkerCluster, error) {
+	defer w.writing.lock(key)()
+	return w.get(ctx, key)
+}
+
+// get is Get for a caller that holds key's lock.
+func (w *Writer) get(ctx context.Context, key client.ObjectKey) (*v1alpha1.WorkerCluster, error) {
 	wc, err := w.read(ctx, key, true)
 	if err != nil {
 		return nil, err
