@@ -121,7 +121,7 @@ func (s *Source) checkDrain(ctx context.Context, key client.ObjectKey, policy v1
 	}
 	over := !time.Now().Before(since.Add(grace))
 	if running > 0 && !over {
-		s.post(ctx, sourceOf(&wc).Commit, commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Pending,
+		s.post(ctx, s.drainCommit(&wc), commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Pending,
 			Description: fmt.Sprintf("removal drains first: %d %s placed on the cluster still %s; the decommission begins by %s at the latest",
 				running, plural(running, "job", "jobs"), plural(running, "runs", "run"), since.Add(grace).UTC().Format(time.RFC3339))})
 		s.awaitDrain(ctx, key, policy)
@@ -133,7 +133,7 @@ func (s *Source) checkDrain(ctx context.Context, key client.ObjectKey, policy v1
 	if err := s.patchWorkerCluster(ctx, &wc, patch); err != nil {
 		return err
 	}
-	if err := s.decommission(ctx, &wc, sourceOf(&wc).Commit, policy); err != nil {
+	if err := s.decommission(ctx, &wc, s.drainCommit(&wc), policy); err != nil {
 		return err
 	}
 	// The decommission takes the cluster out of the hub's Kueue: its MultiKueueCluster
@@ -168,4 +168,16 @@ func holding(ds *protocol.DesiredState) *protocol.DesiredState {
 	}
 	out.Hash = "sha256:" + hex.EncodeToString(h.Sum(nil))
 	return out
+}
+
+// drainCommit is where the statuses of wc's drain go: the commit that removed the
+// cluster, or the head for a drain an older hub began, which kept that commit in an
+// annotation.
+func (s *Source) drainCommit(wc *v1alpha1.WorkerCluster) string {
+	if c := wc.SourceCommit(); c != "" {
+		return c
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.head
 }
