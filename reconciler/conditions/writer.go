@@ -209,12 +209,7 @@ func (w *Writer) Defer(ctx context.Context, key client.ObjectKey, within time.Du
 	if err != nil {
 		return false, fmt.Errorf("deferring facts about WorkerCluster %s: %w", key, err)
 	}
-	next := wc.DeepCopy()
-	for _, f := range facts {
-		f.record(next)
-	}
-	Derive(next, w.now())
-	if equality.Semantic.DeepEqual(wc.Status, next.Status) {
+	if !w.apply(wc.DeepCopy(), facts) {
 		return false, nil
 	}
 	w.mu.Lock()
@@ -302,10 +297,7 @@ func (w *Writer) get(ctx context.Context, key client.ObjectKey) (*v1alpha1.Worke
 	}
 	w.mu.Unlock()
 	if len(facts) > 0 {
-		for _, f := range facts {
-			f.record(wc)
-		}
-		Derive(wc, w.now())
+		w.apply(wc, facts)
 	}
 	return wc, nil
 }
@@ -421,13 +413,9 @@ func (w *Writer) Claim(ctx context.Context, wc *v1alpha1.WorkerCluster, facts ..
 // optimistic lock on wc's resourceVersion.
 func (w *Writer) write(ctx context.Context, wc *v1alpha1.WorkerCluster, facts []Fact) (bool, error) {
 	before := wc.DeepCopy()
-	for _, f := range facts {
-		f.record(wc)
-	}
-	Derive(wc, w.now())
 	// Resync acknowledgements and inventories mostly repeat what is stored; with
 	// thousands of agents, writing them anyway would be a steady load for nothing.
-	if equality.Semantic.DeepEqual(before.Status, wc.Status) {
+	if !w.apply(wc, facts) {
 		return false, nil
 	}
 	patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
@@ -438,6 +426,17 @@ func (w *Writer) write(ctx context.Context, wc *v1alpha1.WorkerCluster, facts []
 	// current.
 	w.Observe(wc)
 	return true, nil
+}
+
+// apply records facts on wc and derives the rest, and reports whether its status
+// changed.
+func (w *Writer) apply(wc *v1alpha1.WorkerCluster, facts []Fact) bool {
+	before := wc.Status.DeepCopy()
+	for _, f := range facts {
+		f.record(wc)
+	}
+	Derive(wc, w.now())
+	return !equality.Semantic.DeepEqual(*before, wc.Status)
 }
 
 func (w *Writer) notify(key client.ObjectKey) {

@@ -3,6 +3,7 @@ package hubclient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
 // server answers every request once the test lets it, and counts how many it holds at
@@ -87,10 +90,9 @@ func TestNoMoreThanMaxRequestsReachTheAPIServerAtOnce(t *testing.T) {
 		wg.Go(func() { errs <- get(t.Context(), hc, s.URL+"/api/v1/namespaces") })
 	}
 	// Three reach the server, and the others wait in the client.
-	deadline := time.Now().Add(30 * time.Second)
-	for s.held.Load() < 3 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, "three requests at the server", func() (bool, string) {
+		return s.held.Load() >= 3, fmt.Sprintf("%d held", s.held.Load())
+	})
 	// Every request ends once answered, and the next ones take their slots.
 	for range 10 {
 		deadline := time.After(30 * time.Second)
@@ -137,13 +139,14 @@ func TestARequestWaitingForASlotEndsWithItsContext(t *testing.T) {
 	hc := clientOf(t, s, 1)
 	first := make(chan error, 1)
 	go func() { first <- get(t.Context(), hc, s.URL+"/api/v1/namespaces") }()
-	for s.held.Load() == 0 {
+	poll.Until(t, "the first request at the server", func() (bool, string) {
 		select {
 		case err := <-first:
 			t.Fatalf("the first request ended unanswered: %v", err)
-		case <-time.After(time.Millisecond):
+		default:
 		}
-	}
+		return s.held.Load() == 1, "not yet"
+	})
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	if err := get(ctx, hc, s.URL+"/api/v1/namespaces"); !errors.Is(err, context.DeadlineExceeded) {
