@@ -1,12 +1,16 @@
 package scale
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"testing/fstest"
 
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+	"github.com/go-git/go-git/v5/plumbing/storer"
+	"github.com/go-git/go-git/v5/storage/memory"
 
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
 	"github.com/flotilla-gitops/flotilla/test/gittree"
@@ -32,7 +36,11 @@ func newFleetRepo(tb testing.TB, srv *gitserver.Server, name string, files fstes
 	return repo
 }
 
-// commitAll commits files as the whole tree on main of the bare repository at bare.
+// commitAll commits files as the whole tree on main of the bare repository at bare, in
+// one pack: a forge holds a pushed fleet that way (a push of more than a hundred objects
+// is kept as its pack), and as some thirty thousand loose objects it would cost
+// upload-pack a file read for every tree of a shallow client's last commit, on every
+// fetch.
 func commitAll(bare string, files fstest.MapFS) error {
 	r, err := git.PlainOpen(bare)
 	if err != nil {
@@ -42,8 +50,28 @@ func commitAll(bare string, files fstest.MapFS) error {
 	if err != nil {
 		return err
 	}
-	h, err := gittree.WriteCommit(r.Storer, gittree.FromMapFS(files), "add the clusters\n", ref.Hash())
+	objs := memory.NewStorage()
+	h, err := gittree.WriteCommit(objs, gittree.FromMapFS(files), "add the clusters\n", ref.Hash())
 	if err != nil {
+		return err
+	}
+	var hashes []plumbing.Hash
+	for oh := range objs.Objects {
+		hashes = append(hashes, oh)
+	}
+	pw, ok := r.Storer.(storer.PackfileWriter)
+	if !ok {
+		return errors.New("the repository's storage writes no packs")
+	}
+	w, err := pw.PackfileWriter()
+	if err != nil {
+		return err
+	}
+	if _, err := packfile.NewEncoder(w, objs, false).Encode(hashes, 10); err != nil {
+		w.Close()
+		return err
+	}
+	if err := w.Close(); err != nil {
 		return err
 	}
 	return r.Storer.SetReference(plumbing.NewHashReference(ref.Name(), h))
