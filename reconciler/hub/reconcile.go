@@ -162,6 +162,8 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		delete(want.Annotations, v1alpha1.InvalidAnnotation)
 		delete(want.Annotations, v1alpha1.DecommissionAnnotation)
 		delete(want.Annotations, v1alpha1.HubErrorAnnotation)
+		delete(want.Annotations, v1alpha1.LegacySourceCommitAnnotation)
+		delete(want.Annotations, v1alpha1.LegacySourceDigestAnnotation)
 		want.Spec = *c.Object.Spec.DeepCopy()
 		want.Spec.EnrollmentTokenHash = tok.String()
 		// The tunnel issues the agent's credentials for this long: the cluster's own
@@ -220,10 +222,10 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 // sourceOf is where wc's desired state comes from; empty when the hub has not
 // recorded it, or wc is nil.
 func sourceOf(wc *v1alpha1.WorkerCluster) v1alpha1.SourceStatus {
-	if wc == nil || wc.Status.Source == nil {
+	if wc == nil {
 		return v1alpha1.SourceStatus{}
 	}
-	return *wc.Status.Source
+	return wc.Source()
 }
 
 // annotate sets annotations of wc, unless it has them already, and refreshes it.

@@ -466,6 +466,62 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		}
 	})
 
+	t.Run("a hub upgraded from one that kept the source in annotations keeps its commit", func(t *testing.T) {
+		ctx := t.Context()
+		key := types.NamespacedName{Namespace: f.ns, Name: "gpu-a"}
+		head := f.statusCommit("gpu-a")
+		if head == f.repo.Head("main") {
+			t.Fatal("gpu-a's status lives on main's head: the test cannot tell an older commit from it")
+		}
+		before, err := f.notes.Read(ctx, head)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.stopHub()
+		// The WorkerCluster as a hub of before status.source left it.
+		var wc v1alpha1.WorkerCluster
+		if err := hub().Get(ctx, key, &wc); err != nil {
+			t.Fatal(err)
+		}
+		src := wc.Source()
+		old := wc.DeepCopy()
+		wc.Status.Source = nil
+		if err := hub().Status().Patch(ctx, &wc, client.MergeFrom(old)); err != nil {
+			t.Fatal(err)
+		}
+		old = wc.DeepCopy()
+		wc.Annotations[v1alpha1.LegacySourceCommitAnnotation] = src.Commit
+		wc.Annotations[v1alpha1.LegacySourceDigestAnnotation] = src.InputsDigest
+		if err := hub().Patch(ctx, &wc, client.MergeFrom(old)); err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("tcp", f.tunnel.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.startHub(l)
+		eventually(t, "status.source recorded again and the annotations gone", func() (bool, string) {
+			var got v1alpha1.WorkerCluster
+			if err := hub().Get(ctx, key, &got); err != nil {
+				return false, err.Error()
+			}
+			_, a := got.Annotations[v1alpha1.LegacySourceCommitAnnotation]
+			_, d := got.Annotations[v1alpha1.LegacySourceDigestAnnotation]
+			return got.Status.Source != nil && *got.Status.Source == src && !a && !d, fmt.Sprintf("source %+v, annotations %v", got.Status.Source, got.Annotations)
+		})
+		f.waitStatus(head, "flotilla/gpu-a", commitstatus.Success, "ready")
+		if got := f.statusOf(f.repo.Head("main"), "flotilla/gpu-a"); got.State != "" {
+			t.Fatalf("the upgraded hub posted gpu-a's status on main's head, which did not change it: %+v", got)
+		}
+		after, err := f.notes.Read(ctx, head)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, a := before.Statuses["flotilla/gpu-a"], after.Statuses["flotilla/gpu-a"]; a.Count != b.Count || b.Count == 0 || a.State != b.State {
+			t.Errorf("gpu-a: %d statuses (%s) before the upgrade, %d (%s) after", b.Count, b.State, a.Count, a.State)
+		}
+	})
+
 	t.Run("a removed cluster is decommissioned", func(t *testing.T) {
 		files := readDir(t, f.dir, "clusters/gpu-a")
 		rm := map[string][]byte{"clusters/gpu-b/cluster.yaml": nil}

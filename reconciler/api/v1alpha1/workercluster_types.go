@@ -125,14 +125,28 @@ type SourceStatus struct {
 	InputsDigest string `json:"inputsDigest,omitempty"`
 }
 
+// Source is where the cluster's desired state comes from: status.source, or, on a
+// WorkerCluster a hub of before status.source wrote last, the annotations that hub kept
+// it in (so that the first reconcile after an upgrade still tells an unchanged cluster
+// from a changed one, and posts its status on the commit it was posted on before).
+// Empty until a hub recorded one.
+func (wc *WorkerCluster) Source() SourceStatus {
+	if wc.Status.Source != nil {
+		return *wc.Status.Source
+	}
+	return SourceStatus{Commit: wc.Annotations[LegacySourceCommitAnnotation], InputsDigest: wc.Annotations[LegacySourceDigestAnnotation]}
+}
+
 // SourceCommit is the commit the cluster's desired state comes from, where its commit
 // status goes; empty until the hub recorded one.
-func (wc *WorkerCluster) SourceCommit() string {
-	if wc.Status.Source == nil {
-		return ""
-	}
-	return wc.Status.Source.Commit
-}
+func (wc *WorkerCluster) SourceCommit() string { return wc.Source().Commit }
+
+// Annotations in which hubs before status.source kept it. Source reads them; the hub's
+// next write of the WorkerCluster's spec removes them.
+const (
+	LegacySourceCommitAnnotation = "flotilla.dev/source-commit"
+	LegacySourceDigestAnnotation = "flotilla.dev/source-digest"
+)
 
 // DefaultCredentialLifetime is how long an agent credential is accepted when neither
 // fleet.yaml nor cluster.yaml says: the hub rotates it daily, so a working cluster never
