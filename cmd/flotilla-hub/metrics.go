@@ -78,6 +78,20 @@ func (m *metrics) connected(sessions func() int) {
 		func() float64 { return float64(sessions()) }))
 }
 
+// statusQueue reports a source's queue of commit statuses: a forge that throttles the
+// hub shows as a queue that grows, and a queue that overflowed as statuses dropped.
+func (m *metrics) statusQueue(source string, queue func() (pending, dropped int)) {
+	labels := prometheus.Labels{"source": source}
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "flotilla_hub_commit_statuses_pending", ConstLabels: labels,
+			Help: "Commit statuses queued or being posted."},
+			func() float64 { p, _ := queue(); return float64(p) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "flotilla_hub_commit_statuses_dropped_total", ConstLabels: labels,
+			Help: "Commit statuses dropped unposted because the queue was full, oldest of a fleet-wide change first."},
+			func() float64 { _, d := queue(); return float64(d) }),
+	)
+}
+
 // webhooks counts deliveries by the answer the handler gave.
 func (m *metrics) webhooks(source string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -283,8 +283,13 @@ func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m 
 		backend = m.countStatuses(sc.Name, backend)
 	}
 	threshold := cmp.Or(sc.Statuses.SummaryThreshold, cfg.Statuses.SummaryThreshold)
-	return h.AddSource(hub.SourceOptions{Name: sc.Name, Git: opts, Tenant: sc.Tenant, Namespace: sc.Namespace, Statuses: backend, Limits: limits,
+	src, err := h.AddSource(hub.SourceOptions{Name: sc.Name, Git: opts, Tenant: sc.Tenant, Namespace: sc.Namespace, Statuses: backend, Limits: limits,
 		SummaryThreshold: threshold, Poll: time.Duration(sc.Poll), PullRequests: lister})
+	if err != nil {
+		return nil, err
+	}
+	m.statusQueue(sc.Name, src.StatusQueue)
+	return src, nil
 }
 
 func statusBackend(ctx context.Context, sc SourceConfig, git gitsource.Options) (commitstatus.Backend, error) {

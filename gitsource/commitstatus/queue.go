@@ -128,6 +128,15 @@ func (p *Publisher) Pending() int {
 	return n
 }
 
+// Dropped is how many queued statuses a full queue has dropped unposted since the
+// Publisher was made.
+func (p *Publisher) Dropped() int {
+	q := p.queue
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.dropped
+}
+
 // Run posts the submitted statuses until ctx ends, with opts.UrgentWorkers workers on
 // the Urgent lane and opts.BulkWorkers on the Bulk lane, so that a wave's statuses
 // never occupy the workers a single change needs.

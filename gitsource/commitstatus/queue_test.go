@@ -139,6 +139,9 @@ func TestAFullQueueDropsItsOldestBulkStatus(t *testing.T) {
 	submit("flotilla/b1", commitstatus.Bulk)
 	submit("flotilla/b2", commitstatus.Bulk)
 	submit("flotilla/b3", commitstatus.Bulk)
+	if n := p.Dropped(); n != 1 {
+		t.Errorf("Dropped() = %d, want 1", n)
+	}
 	run(t, p)
 	settle(t, p)
 	for context, want := range map[string]int{"flotilla/urgent": 1, "flotilla/b1": 0, "flotilla/b2": 1, "flotilla/b3": 1} {

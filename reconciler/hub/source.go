@@ -150,6 +150,15 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 	return s, nil
 }
 
+// StatusQueue is how many commit statuses wait to be posted or are being posted, and
+// how many a full queue dropped unposted since start: zero without a status backend.
+func (s *Source) StatusQueue() (pending, dropped int) {
+	if s.publisher == nil {
+		return 0, 0
+	}
+	return s.publisher.Pending(), s.publisher.Dropped()
+}
+
 // Trigger asks for a fetch now, e.g. from a webhook; triggers coalesce.
 func (s *Source) Trigger() { s.poller.Trigger() }
 

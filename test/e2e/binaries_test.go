@@ -277,6 +277,12 @@ sources:
 		if !strings.Contains(body, "flotilla_hub_connected_agents 2") || !strings.Contains(body, "flotilla_hub_commit_statuses_posted_total") {
 			t.Errorf("metrics lack the connected agent or the statuses posted:\n%s", body)
 		}
+		// The queue of statuses drains, and dropped nothing.
+		eventually(t, "no commit status pending", func() (bool, string) {
+			body, _ := get(t, "http://"+httpAddr+"/metrics")
+			return strings.Contains(body, `flotilla_hub_commit_statuses_pending{source="procs"} 0`) &&
+				strings.Contains(body, `flotilla_hub_commit_statuses_dropped_total{source="procs"} 0`), body
+		})
 	})
 
 	t.Run("a second replica is ready but leaves the tunnel to the leader", func(t *testing.T) {
