@@ -78,6 +78,9 @@ const idleWindow = 90 * time.Second
 //   - cold-start (10,000 clusters): a new hub, nothing in memory, all agents redialling
 //     with a real agent's backoff; until every agent is back and every cluster ready,
 //     with the hub cluster's requests.
+//   - fleet-wide and cold-start also report the cores each process used meanwhile
+//     (cores-apiserver, cores-etcd, cores-agents, and cores-test: the hub with the
+//     forge and git server), which on two cores tells what a figure waited for.
 //   - idle (1,000 clusters and more): what the connected agents' heartbeats cost the
 //     hub cluster afterwards, in requests a second.
 //   - memory (1,000 clusters and more): the hub's memory per cluster with every agent
@@ -123,11 +126,12 @@ func BenchmarkHub(b *testing.B) {
 			b.Run(fmt.Sprintf("clusters=%d/fleet-wide", n), func(b *testing.B) {
 				var acked, summarized time.Duration
 				var forgeRequests int
-				before := w.hub.requests.snapshot()
+				before, cpu := w.hub.requests.snapshot(), readCPU(b)
 				for b.Loop() {
 					a, s, f := w.changeAll(b)
 					acked, summarized, forgeRequests = acked+a, summarized+s, forgeRequests+f
 				}
+				readCPU(b).minus(cpu).report(b, summarized)
 				got := w.hub.requests.snapshot().minus(before)
 				waves := float64(b.N)
 				b.ReportMetric(acked.Seconds()/waves, "s-acked")
@@ -144,6 +148,7 @@ func BenchmarkHub(b *testing.B) {
 				var steady time.Duration
 				var got requests
 				var decrypted int64
+				cpu := readCPU(b)
 				for b.Loop() {
 					after := w.restartHub(profile)
 					w.waitSteady(after, 30*time.Minute)
@@ -153,6 +158,7 @@ func BenchmarkHub(b *testing.B) {
 					got.by, got.refused = sum(got.by, r.by), got.refused+r.refused
 					decrypted += w.hub.dec.Decryptions()
 				}
+				readCPU(b).minus(cpu).report(b, steady)
 				starts := float64(b.N)
 				b.ReportMetric(steady.Seconds()/starts, "s-steady")
 				b.ReportMetric(float64(got.total())/starts/float64(n), "requests/cluster")
