@@ -111,7 +111,7 @@ type Options struct {
 	// ComponentsRetry is how often a desired state whose components are not ready yet is
 	// applied and reported again. Default 30 seconds.
 	ComponentsRetry time.Duration
-	// Backoff between dials; defaults to 1s doubling to 5 minutes with jitter.
+	// Backoff between dials; defaults to DefaultBackoff.
 	Backoff           wait.Backoff
 	AgentVersion      string
 	KubernetesVersion string
@@ -170,7 +170,7 @@ func New(opts Options) (*Agent, error) {
 		opts.InventoryEvery = time.Minute
 	}
 	if opts.Backoff.Steps == 0 {
-		opts.Backoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: 5 * time.Minute}
+		opts.Backoff = DefaultBackoff()
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
@@ -192,17 +192,14 @@ var errRefused = errors.New("the hub refused the agent's secret")
 
 // Run dials the hub and serves tunnels until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
-	b := a.opts.Backoff
+	redial := NewRedial(a.opts.Backoff)
 	for {
 		began := time.Now()
 		err := a.connectOnce(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if time.Since(began) > a.opts.Backoff.Cap || time.Since(began) > 5*time.Minute {
-			b = a.opts.Backoff // a tunnel that lived long starts the backoff afresh
-		}
-		d := b.Step()
+		d := redial.After(time.Since(began))
 		a.opts.Log.Info("tunnel down; redialling", "error", err, "in", d.Round(time.Millisecond))
 		t := time.NewTimer(d)
 		select {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/flotilla-gitops/flotilla/agent"
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 )
 
@@ -70,26 +70,15 @@ func simulateAgents(spec string) int {
 	return 0
 }
 
-// backoff is a real agent's: 1 s doubling to 5 minutes, with half of it jitter.
-func backoff(attempt int) time.Duration {
-	d := time.Second << min(attempt, 9)
-	d = min(d, 5*time.Minute)
-	return d/2 + rand.N(d/2+1)
-}
-
 func (a *simAgent) run(url string, enrolling chan struct{}, failures *atomic.Int64) {
-	attempt := 0
+	redial := agent.NewRedial(agent.DefaultBackoff())
 	for {
 		began := time.Now()
 		err := a.session(url, enrolling)
-		if time.Since(began) > time.Minute {
-			attempt = 0 // a tunnel that lived long starts the backoff afresh
-		}
 		if n := failures.Add(1); n <= 20 || n%1000 == 0 {
 			fmt.Fprintf(os.Stderr, "simulated agent %s: %v (%d tunnels ended so far)\n", a.identity, err, n)
 		}
-		time.Sleep(backoff(attempt))
-		attempt++
+		time.Sleep(redial.After(time.Since(began)))
 	}
 }
 
