@@ -171,8 +171,8 @@ func holding(ds *protocol.DesiredState) *protocol.DesiredState {
 }
 
 // drainCommit is where the statuses of wc's drain go: the commit that removed the
-// cluster, or the head for a drain an older hub began, which kept that commit in an
-// annotation.
+// cluster (WorkerCluster.Source reads it where an older hub kept it too), or the head
+// for a WorkerCluster that no hub recorded a source on.
 func (s *Source) drainCommit(wc *v1alpha1.WorkerCluster) string {
 	if c := wc.SourceCommit(); c != "" {
 		return c

@@ -225,6 +225,11 @@ func (f *fleetRepo) stopHub() {
 // restartHub replaces the hub with a new one on the same address.
 func (f *fleetRepo) restartHub() {
 	f.stopHub()
+	f.resumeHub()
+}
+
+// resumeHub starts a new hub on the address of the one stopHub stopped.
+func (f *fleetRepo) resumeHub() {
 	l, err := net.Listen("tcp", f.tunnel.addr)
 	if err != nil {
 		f.t.Fatal(err)
@@ -495,11 +500,7 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 		if err := hub().Patch(ctx, &wc, client.MergeFrom(old)); err != nil {
 			t.Fatal(err)
 		}
-		l, err := net.Listen("tcp", f.tunnel.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.startHub(l)
+		f.resumeHub()
 		eventually(t, "status.source recorded again and the annotations gone", func() (bool, string) {
 			var got v1alpha1.WorkerCluster
 			if err := hub().Get(ctx, key, &got); err != nil {
