@@ -3,12 +3,15 @@ package scale
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
@@ -105,6 +108,92 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 		}
 	})
 
+	// The status writer's own writes race with its reads and with the deferred facts'
+	// timers. A status patch held by the hub cluster opens the window in which either
+	// race would show: had the writer not kept one WorkerCluster's record, flush and
+	// read apart, what is checked below would go wrong while the patch is held.
+	held := newHeldPatches(t)
+	gated := conditions.NewWriter(held.client)
+
+	t.Run("a read while a write takes the deferred facts still shows them", func(t *testing.T) {
+		key := newCluster(t, "read-during-write")
+		if changed, err := gated.Defer(ctx, key, time.Hour, sent...); err != nil || !changed {
+			t.Fatalf("Defer = %v, %v; want a change", changed, err)
+		}
+		release := held.next(key)
+		recorded := make(chan error, 1)
+		go func() {
+			ack := conditions.Applied{Report: &protocol.Applied{Hash: "sha256:b", Generation: 1}, Sent: "sha256:b"}
+			_, err := gated.Record(ctx, key, ack)
+			recorded <- err
+		}()
+		held.waitStarted(t)
+		read := make(chan *v1alpha1.WorkerCluster, 1)
+		go func() {
+			got, err := gated.Get(ctx, key)
+			if err != nil {
+				t.Error(err)
+			}
+			read <- got
+		}()
+		check := func(got *v1alpha1.WorkerCluster) {
+			if got != nil && (got.SourceCommit() != "c0ffee" || got.Status.DesiredHash != "sha256:b") {
+				t.Errorf("a read while the acknowledgement's write was under way showed source %q, desired %q: the deferred facts it took were missing",
+					got.SourceCommit(), got.Status.DesiredHash)
+			}
+		}
+		select {
+		case got := <-read:
+			check(got) // answered during the write
+		case <-time.After(raceWindow):
+		}
+		release()
+		if err := <-recorded; err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-read:
+			check(got)
+		default:
+		}
+	})
+
+	t.Run("deferred facts written on their own never go over facts recorded later", func(t *testing.T) {
+		key := newCluster(t, "flush-then-record")
+		if _, err := gated.Record(ctx, key, conditions.Desired{Hash: "sha256:a"}); err != nil {
+			t.Fatal(err)
+		}
+		release := held.next(key)
+		// Their wait is over at once: the write of them on their own is the held one.
+		if changed, err := gated.Defer(ctx, key, time.Millisecond, conditions.Desired{Hash: "sha256:b"}); err != nil || !changed {
+			t.Fatalf("Defer = %v, %v; want a change", changed, err)
+		}
+		held.waitStarted(t)
+		recorded := make(chan error, 1)
+		go func() {
+			_, err := gated.Record(ctx, key, conditions.Desired{Hash: "sha256:c"})
+			recorded <- err
+		}()
+		select {
+		case err := <-recorded:
+			recorded <- err // written while the deferred facts' write was under way
+		case <-time.After(raceWindow):
+		}
+		release()
+		if err := held.result(t); apierrors.IsConflict(err) {
+			t.Errorf("the write of the deferred facts conflicted with a write made while it was under way; its retry puts them over the later ones")
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-recorded; err != nil {
+			t.Fatal(err)
+		}
+		poll.Until(t, "the later desired state stored", func() (bool, string) {
+			got := stored(t, key)
+			return got.Status.DesiredHash == "sha256:c", "desired " + got.Status.DesiredHash
+		})
+	})
+
 	t.Run("a hub that stopped takes them with it", func(t *testing.T) {
 		key := newCluster(t, "stopped")
 		hubCtx, stop := context.WithCancel(ctx)
@@ -123,4 +212,90 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 			t.Errorf("facts deferred by a hub that stopped were written: %+v", got.Status.Source)
 		}
 	})
+}
+
+// raceWindow is how long a test holding a status patch gives a racing call to show
+// itself: a call the writer keeps apart waits for the patch, however long it is held,
+// and one it did not keep apart is done within microseconds.
+const raceWindow = 200 * time.Millisecond
+
+// heldPatches is a client whose next status patch of a chosen WorkerCluster waits
+// until the test releases it.
+type heldPatches struct {
+	client client.Client
+
+	mu   sync.Mutex
+	key  client.ObjectKey
+	gate chan struct{}
+	// started is told when the held patch starts, done of its outcome.
+	started chan struct{}
+	done    chan error
+}
+
+func newHeldPatches(t *testing.T) *heldPatches {
+	t.Helper()
+	c, err := client.NewWithWatch(planes[0].Config, client.Options{Scheme: newScheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &heldPatches{}
+	h.client = interceptor.NewClient(c, interceptor.Funcs{
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			h.mu.Lock()
+			gate, started, done := h.gate, h.started, h.done
+			hold := gate != nil && client.ObjectKeyFromObject(obj) == h.key
+			if hold {
+				h.gate = nil
+			}
+			h.mu.Unlock()
+			if !hold {
+				return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+			}
+			close(started)
+			select {
+			case <-gate:
+			case <-ctx.Done():
+			}
+			err := c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+			done <- err
+			return err
+		},
+	})
+	return h
+}
+
+// next holds the next status patch of the WorkerCluster named key; release lets it go.
+func (h *heldPatches) next(key client.ObjectKey) (release func()) {
+	gate := make(chan struct{})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.key, h.gate, h.started, h.done = key, gate, make(chan struct{}), make(chan error, 1)
+	return sync.OnceFunc(func() { close(gate) })
+}
+
+func (h *heldPatches) waitStarted(t *testing.T) {
+	t.Helper()
+	h.mu.Lock()
+	started := h.started
+	h.mu.Unlock()
+	select {
+	case <-started:
+	case <-time.After(poll.Deadline):
+		t.Fatal("the status patch to hold was never made")
+	}
+}
+
+// result is the held patch's outcome, once released.
+func (h *heldPatches) result(t *testing.T) error {
+	t.Helper()
+	h.mu.Lock()
+	done := h.done
+	h.mu.Unlock()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(poll.Deadline):
+		t.Fatal("the held status patch never ended")
+		return nil
+	}
 }
