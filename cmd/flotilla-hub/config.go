@@ -22,8 +22,11 @@ type Config struct {
 	Kubeconfig string `yaml:"kubeconfig"`
 	// KubeAPI bounds the hub's requests to the hub cluster. Every agent's connection,
 	// apply report and inventory is a few requests, so a hub of thousands of agents
-	// needs far more than client-go's default of 5 per second. Default 100 per second,
-	// bursts of 200; the API server's priority and fairness still protects it.
+	// needs far more than client-go's default of 5 per second. A change to every cluster
+	// writes each one's status once, so the rate bounds it: at 10,000 clusters it takes
+	// 10,000/qps seconds at least. Default 100 per second, bursts of 200; the API
+	// server's priority and fairness still protects it. A hub cluster whose API server
+	// has the cores for more can be given a higher rate.
 	// MaxInFlight bounds the requests under way at once, so that a slow API server
 	// slows the hub down rather than refuses it (hubclient); default 64, negative for
 	// no bound.
