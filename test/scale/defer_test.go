@@ -121,36 +121,20 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 			t.Fatalf("Defer = %v, %v; want a change", changed, err)
 		}
 		release := held.next(key)
-		recorded := make(chan error, 1)
-		go func() {
-			ack := conditions.Applied{Report: &protocol.Applied{Hash: "sha256:b", Generation: 1}, Sent: "sha256:b"}
-			_, err := gated.Record(ctx, key, ack)
-			recorded <- err
-		}()
+		ack := conditions.Applied{Report: &protocol.Applied{Hash: "sha256:b", Generation: 1}, Sent: "sha256:b"}
+		recorded := start(func() (*v1alpha1.WorkerCluster, error) { return gated.Record(ctx, key, ack) })
 		held.waitStarted(t)
-		read := make(chan *v1alpha1.WorkerCluster, 1)
-		go func() {
-			got, err := gated.Get(ctx, key)
-			if err != nil {
-				t.Error(err)
-			}
-			read <- got
-		}()
-		var got *v1alpha1.WorkerCluster
-		answered := false
-		select {
-		case got = <-read:
-			answered = true // during the write
-		case <-time.After(raceWindow):
-		}
+		read := start(func() (*v1alpha1.WorkerCluster, error) { return gated.Get(ctx, key) })
+		read.window()
 		release()
-		if err := <-recorded; err != nil {
+		if _, err := recorded.wait(); err != nil {
 			t.Fatal(err)
 		}
-		if !answered {
-			got = <-read
+		got, err := read.wait()
+		if err != nil {
+			t.Fatal(err)
 		}
-		if got != nil && (got.SourceCommit() != "c0ffee" || got.Status.DesiredHash != "sha256:b") {
+		if got.SourceCommit() != "c0ffee" || got.Status.DesiredHash != "sha256:b" {
 			t.Errorf("a read while the acknowledgement's write was under way showed source %q, desired %q: the deferred facts it took were missing",
 				got.SourceCommit(), got.Status.DesiredHash)
 		}
@@ -167,23 +151,17 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 			t.Fatalf("Defer = %v, %v; want a change", changed, err)
 		}
 		held.waitStarted(t)
-		recorded := make(chan error, 1)
-		go func() {
-			_, err := gated.Record(ctx, key, conditions.Desired{Hash: "sha256:c"})
-			recorded <- err
-		}()
-		select {
-		case err := <-recorded:
-			recorded <- err // written while the deferred facts' write was under way
-		case <-time.After(raceWindow):
-		}
+		recorded := start(func() (*v1alpha1.WorkerCluster, error) {
+			return gated.Record(ctx, key, conditions.Desired{Hash: "sha256:c"})
+		})
+		recorded.window()
 		release()
 		if err := held.result(t); apierrors.IsConflict(err) {
 			t.Errorf("the write of the deferred facts conflicted with a write made while it was under way; its retry puts them over the later ones")
 		} else if err != nil {
 			t.Fatal(err)
 		}
-		if err := <-recorded; err != nil {
+		if _, err := recorded.wait(); err != nil {
 			t.Fatal(err)
 		}
 		poll.Until(t, "the later desired state stored", func() (bool, string) {
@@ -216,6 +194,36 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 // itself: a call the writer keeps apart waits for the patch, however long it is held,
 // and one it did not keep apart is done within microseconds.
 const raceWindow = 200 * time.Millisecond
+
+// call is a call under way in a goroutine of its own.
+type call[T any] struct {
+	done chan struct{}
+	val  T
+	err  error
+}
+
+func start[T any](f func() (T, error)) *call[T] {
+	c := &call[T]{done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		c.val, c.err = f()
+	}()
+	return c
+}
+
+// window gives the call raceWindow to return, and no longer.
+func (c *call[T]) window() {
+	select {
+	case <-c.done:
+	case <-time.After(raceWindow):
+	}
+}
+
+// wait waits for the call to return.
+func (c *call[T]) wait() (T, error) {
+	<-c.done
+	return c.val, c.err
+}
 
 // heldPatches is a client whose next status patch of a chosen WorkerCluster waits
 // until the test releases it.

@@ -2,6 +2,8 @@ package scale
 
 import (
 	"errors"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -55,10 +57,7 @@ func commitAll(bare string, files fstest.MapFS) error {
 	if err != nil {
 		return err
 	}
-	var hashes []plumbing.Hash
-	for oh := range objs.Objects {
-		hashes = append(hashes, oh)
-	}
+	hashes := slices.Collect(maps.Keys(objs.Objects))
 	pw, ok := r.Storer.(storer.PackfileWriter)
 	if !ok {
 		return errors.New("the repository's storage writes no packs")
