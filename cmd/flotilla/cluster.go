@@ -132,7 +132,7 @@ func (o *clusterAddOptions) run(out io.Writer, name string) error {
 	if err := os.WriteFile(filepath.Join(clusterDir, fleet.EnrollmentFile), enrollment, 0o644); err != nil {
 		return err
 	}
-	if c := f.LoadCluster(os.DirFS(o.dir), name); c == nil || len(c.Errors) > 0 {
+	if c := f.LoadCluster(fleet.DirFS(o.dir), name); c == nil || len(c.Errors) > 0 {
 		var msgs fleet.ErrorList
 		if c != nil {
 			msgs = c.Errors
@@ -391,7 +391,7 @@ func cordon(out io.Writer, dir, name string, want bool) error {
 		return err
 	}
 	// The edit is judged by the loader the hub uses; what it does not accept is undone.
-	if c := f.LoadCluster(os.DirFS(dir), name); c == nil || !c.Valid() || c.Object.Spec.Cordoned != want {
+	if c := f.LoadCluster(fleet.DirFS(dir), name); c == nil || !c.Valid() || c.Object.Spec.Cordoned != want {
 		if err := writeFileAtomic(file, old, info.Mode().Perm()); err != nil {
 			return fmt.Errorf("%s: the edit did not validate and restoring the file failed: %w", rel, err)
 		}

@@ -116,7 +116,7 @@ func TestClusterCordonChangesOnlyTheCordonedValue(t *testing.T) {
 					t.Errorf("the next step lacks %q:\n%s", w, out)
 				}
 			}
-			f := fleet.Load(os.DirFS(dir))
+			f := fleet.Load(fleet.DirFS(dir))
 			if c := f.Clusters[fleetgen.ExampleCluster]; !c.Valid() || c.Object.Spec.Cordoned != tt.cordon {
 				t.Errorf("the cluster loads with cordoned %v and errors %v; want cordoned %v", c.Object != nil && c.Object.Spec.Cordoned, c.Errors, tt.cordon)
 			}

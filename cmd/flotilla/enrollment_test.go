@@ -108,7 +108,7 @@ func TestFleetInitAndClusterAddMakeARepositoryTheHubCanRead(t *testing.T) {
 		t.Fatal("the hub's hash of the enrollment file is not the hash of the values file's token")
 	}
 
-	f := fleet.Load(os.DirFS(r.dir))
+	f := fleet.Load(fleet.DirFS(r.dir))
 	c := f.Clusters["gpu-east"]
 	if !f.Valid() || c == nil || !c.Valid() {
 		t.Fatalf("the new repository does not load: %v", f.AllErrors())

@@ -59,7 +59,7 @@ func newFleetInitCommand() *cobra.Command {
 				removeCreated(created)
 				return err
 			}
-			f := fleet.Load(os.DirFS(dir))
+			f := fleet.Load(fleet.DirFS(dir))
 			if errs := f.AllErrors(); len(errs) > 0 {
 				removeCreated(created)
 				return fmt.Errorf("the new fleet repository does not validate; nothing was kept:\n%s", errs.Error())

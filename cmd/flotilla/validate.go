@@ -162,7 +162,7 @@ func scanForTokens(dir string) (fleet.ErrorList, error) {
 	if err != nil {
 		return nil, err
 	}
-	leaks, err := secrets.ScanFS(os.DirFS(dir), func(p string, isDir bool) bool {
+	leaks, err := secrets.ScanFS(fleet.DirFS(dir), func(p string, isDir bool) bool {
 		return p == ".git" || ignored.Match(strings.Split(p, "/"), isDir)
 	})
 	if err != nil {
@@ -229,7 +229,7 @@ func openDir(dir string) (fs.FS, error) {
 	if !info.IsDir() {
 		return nil, fmt.Errorf("%s is not a directory", dir)
 	}
-	return os.DirFS(dir), nil
+	return fleet.DirFS(dir), nil
 }
 
 // openRef reads the commit rev of the git repository that dir is in, through the same

@@ -249,6 +249,11 @@ func readResolved(fsys fs.FS, p, real string, info fs.FileInfo, e errs, m *meter
 		e.whole("expected a file, found a directory")
 		return nil, false
 	}
+	if !info.Mode().IsRegular() {
+		// A FIFO or a device in a checkout: reading it could wait forever, or never end.
+		e.whole("not a regular file")
+		return nil, false
+	}
 	if info.Size() > MaxFileSize {
 		e.whole("file is %d bytes; files in a fleet repository may be at most %d bytes (1 MiB)", info.Size(), MaxFileSize)
 		return nil, false

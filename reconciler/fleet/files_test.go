@@ -40,7 +40,7 @@ func linkedRepo(t *testing.T, changes, links map[string]string) fs.FS {
 			t.Fatal(err)
 		}
 	}
-	return os.DirFS(root)
+	return fleet.DirFS(root)
 }
 
 // wantNothingStolen fails when content from outside the repository was read.

@@ -242,5 +242,5 @@ func writeDir(t testing.TB, fsys fstest.MapFS) string {
 // osDirFS is fsys written to disk, read back through the file system.
 func osDirFS(t testing.TB, fsys fstest.MapFS) fs.FS {
 	t.Helper()
-	return os.DirFS(writeDir(t, fsys))
+	return fleet.DirFS(writeDir(t, fsys))
 }

@@ -3,7 +3,6 @@ package render_test
 import (
 	"fmt"
 	"io/fs"
-	"os"
 	"testing"
 	"testing/fstest"
 
@@ -20,15 +19,16 @@ var benchOptions = fleetgen.Options{CordonEvery: 20, OverlayEvery: 50}
 
 // BenchmarkFullRender is what a hub does on start or after a fleet-wide change: load,
 // validate and render every cluster. The fleet is read from a directory on disk, as
-// the issue that set the goal measured it, and from a commit's tree in memory, which
-// is what the hub reads (gitsource keeps the objects it fetched in memory).
+// the issue that set the goal measured it and as `flotilla validate` reads a checkout,
+// and from a commit's tree in memory, which is what the hub reads (gitsource keeps the
+// objects it fetched in memory).
 func BenchmarkFullRender(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		sources := []struct {
 			name string
 			fsys func(b *testing.B) fs.FS
 		}{
-			{"disk", func(b *testing.B) fs.FS { return os.DirFS(fleetgen.WriteDir(b, fleetgen.Fleet(n, benchOptions))) }},
+			{"disk", func(b *testing.B) fs.FS { return fleet.DirFS(fleetgen.WriteDir(b, fleetgen.Fleet(n, benchOptions))) }},
 			{"git", func(b *testing.B) fs.FS {
 				return gitsource.NewTreeFS(gittree.New(b, gittree.FromMapFS(fleetgen.Fleet(n, benchOptions))))
 			}},
@@ -59,7 +59,7 @@ func BenchmarkRerenderOneCluster(b *testing.B) {
 		overlay bool
 	}{{"preset", false}, {"overlay", true}} {
 		b.Run(tc.name, func(b *testing.B) {
-			fsys := os.DirFS(fleetgen.WriteDir(b, fleetgen.Fleet(10000, benchOptions)))
+			fsys := fleet.DirFS(fleetgen.WriteDir(b, fleetgen.Fleet(10000, benchOptions)))
 			f := fleet.Load(fsys)
 			r := render.New()
 			for _, name := range f.ClusterNames()[:10] {

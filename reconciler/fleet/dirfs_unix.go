@@ -1,0 +1,52 @@
+//go:build unix
+
+package fleet
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// DirFS is os.DirFS(dir) for the loader: a checkout of a fleet repository, read from
+// disk. Its Open asks for a non-blocking descriptor. For a regular file that changes
+// nothing, but it spares what os.Open does to offer each file to the poller: make the
+// descriptor non-blocking, be refused by epoll, which takes no regular files, and make
+// it blocking again. Those are four fcntl calls per file; where system calls are dear,
+// as in a virtual machine, they cost a load of 10,000 clusters from disk a seventh of
+// its time. A FIFO, which the loader refuses but a checkout may hold, opens at once
+// instead of waiting for a writer.
+func DirFS(dir string) fs.FS {
+	return dirFS{osFS: os.DirFS(dir).(osFS), dir: dir}
+}
+
+// osFS is what os.DirFS offers besides Open, but for ReadFile: os.ReadFile opens files
+// as os.Open does, so fs.ReadFile reads through dirFS.Open instead.
+type osFS interface {
+	fs.ReadDirFS
+	fs.StatFS
+	fs.ReadLinkFS
+}
+
+type dirFS struct {
+	osFS
+	dir string
+}
+
+func (d dirFS) Open(name string) (fs.File, error) {
+	if d.dir == "" || !fs.ValidPath(name) {
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrInvalid}
+	}
+	f, err := os.OpenFile(filepath.Join(d.dir, name), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		// As os.DirFS does, the error names the file as the caller did, not where the
+		// checkout lies.
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			pe.Path = name
+		}
+		return nil, err
+	}
+	return f, nil
+}
