@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
 // A checkout can hold a FIFO where a fleet file belongs: opened for reading, it waits
@@ -57,8 +58,8 @@ func TestLoadRefusesAFIFOWithoutWaitingForAWriter(t *testing.T) {
 				var f *fleet.Fleet
 				select {
 				case f = <-loaded:
-				case <-time.After(time.Minute):
-					t.Fatal("the load is still waiting on the FIFO after a minute")
+				case <-time.After(poll.Deadline):
+					t.Fatalf("the load is still waiting on the FIFO after %s", poll.Deadline)
 				}
 				wantError(t, f.AllErrors(), file, 0, 0, "not a regular file")
 				if tc.fleetToo {
