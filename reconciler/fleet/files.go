@@ -289,13 +289,28 @@ func readResolved(fsys fs.FS, p, real string, info fs.FileInfo, e errs, m *meter
 // starting small and doubling, allocated twice what a fleet's files hold. A file that
 // grew since is read on, up to the limit.
 func readLimited(fsys fs.FS, p string, size int64) ([]byte, error) {
+	data := make([]byte, 0, min(max(size, 0), MaxFileSize)+1)
+	if rfs, ok := fsys.(wholeFileFS); ok {
+		return rfs.readWhole(p, data)
+	}
 	f, err := fsys.Open(p)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	r := io.LimitReader(f, MaxFileSize+1)
-	data := make([]byte, 0, min(max(size, 0), MaxFileSize)+1)
+	return readInto(f, data)
+}
+
+// wholeFileFS is a file system that reads a file into a buffer without an fs.File:
+// DirFS, whose files as os.File would cost system calls the loader has no use for.
+type wholeFileFS interface {
+	readWhole(name string, data []byte) ([]byte, error)
+}
+
+// readInto appends what r holds to data, up to MaxFileSize+1 bytes in all, growing data
+// only when it is full.
+func readInto(r io.Reader, data []byte) ([]byte, error) {
+	r = io.LimitReader(r, MaxFileSize+1)
 	for {
 		if len(data) == cap(data) {
 			data = append(data, 0)[:len(data)]
