@@ -116,8 +116,10 @@ func kind(r *http.Request) string {
 
 func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		// A request counts when it is sent, not when its answer is in: a watch can show
+		// a write before its writer has the answer, and a test that waits on a watch
+		// and then counts must find the write counted.
 		k := kind(r)
-		resp, err := rt.RoundTrip(r)
 		c.mu.Lock()
 		if c.by == nil {
 			c.by = map[string]int{}
@@ -127,6 +129,9 @@ func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 		if len(c.last) > 64 {
 			c.last = c.last[1:]
 		}
+		c.mu.Unlock()
+		resp, err := rt.RoundTrip(r)
+		c.mu.Lock()
 		if resp != nil && resp.StatusCode == http.StatusTooManyRequests {
 			c.refused++
 		}
