@@ -103,7 +103,7 @@ func TestLoadRefusesAHeadOverItsBudgetAsAWhole(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			for name, fsys := range map[string]fs.FS{"checkout": osDirFS(t, fsys), "commit": commitFS(t, nil)} {
+			for name, fsys := range map[string]fs.FS{"checkout": diskFS(t, fsys), "commit": commitFS(t, nil)} {
 				f := fleet.LoadWith(fsys, fleet.LoadOptions{Budget: tc.budget})
 				if len(f.Errors) != 1 || !strings.Contains(f.Errors[0].Message, tc.msg) || f.Errors[0].File == "" {
 					t.Fatalf("%s: want only a budget error %q naming a file; got:\n%s", name, tc.msg, describe(f.Errors))
@@ -129,7 +129,7 @@ func TestLoadRefusesAHeadOverItsBudgetAsAWhole(t *testing.T) {
 		})
 	}
 	t.Run("exactly the budget", func(t *testing.T) {
-		for name, fsys := range map[string]fs.FS{"checkout": osDirFS(t, fsys), "commit": commitFS(t, nil)} {
+		for name, fsys := range map[string]fs.FS{"checkout": diskFS(t, fsys), "commit": commitFS(t, nil)} {
 			f := fleet.LoadWith(fsys, fleet.LoadOptions{Budget: exact})
 			wantNoErrors(t, f)
 			if f.OverBudget() {

@@ -37,11 +37,21 @@ type dirFS struct {
 	dir string
 }
 
-func (d dirFS) Open(name string) (fs.File, error) {
+// path is where on disk the file name of the checkout lies, for the operation op; a
+// name that would leave the checkout is refused as os.DirFS refuses it.
+func (d dirFS) path(op, name string) (string, error) {
 	if d.dir == "" || !fs.ValidPath(name) {
-		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrInvalid}
+		return "", &fs.PathError{Op: op, Path: name, Err: fs.ErrInvalid}
 	}
-	f, err := os.OpenFile(filepath.Join(d.dir, name), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	return filepath.Join(d.dir, name), nil
+}
+
+func (d dirFS) Open(name string) (fs.File, error) {
+	full, err := d.path("open", name)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(full, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		// As os.DirFS does, the error names the file as the caller did, not where the
 		// checkout lies.
@@ -58,13 +68,13 @@ func (d dirFS) Open(name string) (fs.File, error) {
 // the poller, which refuses a regular file: one system call more per file, which the
 // loader, reading each file whole and at once, has no use for.
 func (d dirFS) readWhole(name string, data []byte) ([]byte, error) {
-	if d.dir == "" || !fs.ValidPath(name) {
-		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrInvalid}
+	full, err := d.path("open", name)
+	if err != nil {
+		return nil, err
 	}
 	var fd int
-	var err error
 	for {
-		fd, err = syscall.Open(filepath.Join(d.dir, name), syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+		fd, err = syscall.Open(full, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 		if err != syscall.EINTR {
 			break
 		}

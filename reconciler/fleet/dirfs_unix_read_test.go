@@ -47,6 +47,7 @@ func TestReadLimitedFromDirFSReadsAsThroughOSFiles(t *testing.T) {
 		{name: "file at the limit", file: "at-limit.yaml", size: MaxFileSize, want: files["at-limit.yaml"]},
 		{name: "file over the limit is read one byte past it", file: "over-limit.yaml", size: MaxFileSize + 4096, want: sized(MaxFileSize + 1)},
 		{name: "missing file", file: "missing.yaml", wantErr: "open missing.yaml: no such file or directory"},
+		{name: "path leaving the checkout", file: "../outside.yaml", wantErr: "open ../outside.yaml: invalid argument"},
 		{name: "error of a read", file: ".", wantErr: "read .: is a directory", dirFSOnly: true},
 	}
 	for _, tc := range cases {

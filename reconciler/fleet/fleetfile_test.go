@@ -183,7 +183,7 @@ func TestLoadOfShippedTemplateHasNoErrors(t *testing.T) {
 	}
 
 	t.Run("on disk", func(t *testing.T) {
-		onDisk := fleet.Load(osDirFS(t, fleetgen.Template()))
+		onDisk := fleet.Load(diskFS(t, fleetgen.Template()))
 		wantNoErrors(t, onDisk)
 		if onDisk.Clusters[example].Digest != f.Clusters[example].Digest {
 			t.Fatal("the same cluster on disk and in memory has another digest")
@@ -256,7 +256,7 @@ func TestLoadOfEmptyOrMissingClustersIsAValidFleet(t *testing.T) {
 		"missing clusters/":            fleet.Load(withoutClusters()),
 		"empty clusters/":              fleet.Load(empty),
 		"clusters/ with only a README": fleet.Load(withReadme),
-		"empty clusters/ on disk":      fleet.Load(osDirFS(t, empty)),
+		"empty clusters/ on disk":      fleet.Load(diskFS(t, empty)),
 		"empty synthetic fleet":        fleet.Load(fleetgen.Fleet(0, fleetgen.Options{})),
 	}
 	for name, f := range cases {

@@ -239,8 +239,8 @@ func writeDir(t testing.TB, fsys fstest.MapFS) string {
 	return dir
 }
 
-// osDirFS is fsys written to disk, read back through the file system.
-func osDirFS(t testing.TB, fsys fstest.MapFS) fs.FS {
+// diskFS is fsys written to disk, read back as a checkout is (fleet.DirFS).
+func diskFS(t testing.TB, fsys fstest.MapFS) fs.FS {
 	t.Helper()
 	return fleet.DirFS(writeDir(t, fsys))
 }
