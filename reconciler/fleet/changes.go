@@ -71,3 +71,46 @@ func (c Change) Affected() Affected {
 	slices.Sort(clusters)
 	return Affected{Clusters: slices.Compact(clusters)}
 }
+
+// AffectedIn is Affected for the fleets loaded from either side of the change, with
+// what their symbolic links read: a file a cluster's directory links to touches that
+// cluster, and one that fleet.yaml or a preset links to touches every cluster, wherever
+// in the repository it lies. Affected alone takes a file outside clusters/ and presets/
+// for one the hub does not read, and a file in another cluster's directory for that
+// cluster's only.
+func (c Change) AffectedIn(fleets ...*Fleet) Affected {
+	a := c.Affected()
+	if a.All {
+		return a
+	}
+	for _, f := range fleets {
+		if f == nil {
+			continue
+		}
+		for _, p := range c.Paths {
+			if t, ok := reads(f.linked, p); ok {
+				return Affected{All: true, Reason: t + " changed, which fleet.yaml or a preset reads through a symbolic link"}
+			}
+			for name := range f.linking {
+				if cl := f.Clusters[name]; cl != nil {
+					if _, ok := reads(cl.linked, p); ok {
+						a.Clusters = append(a.Clusters, name)
+					}
+				}
+			}
+		}
+	}
+	slices.Sort(a.Clusters)
+	a.Clusters = slices.Compact(a.Clusters)
+	return a
+}
+
+// reads finds among linked a path at or below the changed path p.
+func reads(linked []string, p string) (string, bool) {
+	for _, t := range linked {
+		if t == p || strings.HasPrefix(t, p+"/") {
+			return t, true
+		}
+	}
+	return "", false
+}

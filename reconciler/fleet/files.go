@@ -150,12 +150,12 @@ func mebibytes(n int64) string {
 // would, and reports whether it fits in the budget. When p is a symbolic link that leads
 // nowhere it returns why; whatever else is wrong with p, the reader that follows
 // reports.
-func admit(fsys fs.FS, p string, m *meter) (ErrorList, bool) {
+func admit(fsys fs.FS, p string, m *meter, via *[]string) (ErrorList, bool) {
 	if !m.list(".", 1) {
 		return nil, false
 	}
 	var problems ErrorList
-	_, info, ok := resolve(fsys, p, errs{file: p, list: &problems}, m)
+	_, info, ok := resolve(fsys, p, errs{file: p, list: &problems}, m, via)
 	if m.broken != nil {
 		return nil, false
 	}
@@ -173,8 +173,9 @@ func admit(fsys fs.FS, p string, m *meter) (ErrorList, bool) {
 
 // resolve follows the symbolic links at p, refusing any that would leave the repository,
 // and charges m, when not nil, for every link it follows. It returns the path of the
-// regular file or directory p stands for.
-func resolve(fsys fs.FS, p string, e errs, m *meter) (string, fs.FileInfo, bool) {
+// regular file or directory p stands for. When via is not nil, every path a link leads
+// to is added to it, even one that is not there: a change there changes what p reads.
+func resolve(fsys fs.FS, p string, e errs, m *meter, via *[]string) (string, fs.FileInfo, bool) {
 	rl, canReadLinks := fsys.(fs.ReadLinkFS)
 	cur := p
 	for hop := 0; ; hop++ {
@@ -213,6 +214,9 @@ func resolve(fsys fs.FS, p string, e errs, m *meter) (string, fs.FileInfo, bool)
 			e.whole("symbolic link to %q leaves the repository", target)
 			return "", nil, false
 		}
+		if via != nil {
+			*via = append(*via, next)
+		}
 		// The target is joined lexically, so every directory on its way must be a real
 		// one: a symbolic link among them could lead anywhere.
 		for d := path.Dir(next); d != "."; d = path.Dir(d) {
@@ -236,7 +240,7 @@ func readFile(fsys fs.FS, p string, e errs) ([]byte, bool) { return readMetered(
 // readMetered reads one file of at most MaxFileSize bytes, charged to m before it is
 // read when m is not nil.
 func readMetered(fsys fs.FS, p string, e errs, m *meter) ([]byte, bool) {
-	real, info, ok := resolve(fsys, p, e, m)
+	real, info, ok := resolve(fsys, p, e, m, nil)
 	if !ok {
 		return nil, false
 	}
@@ -327,9 +331,10 @@ func readInto(r io.Reader, data []byte) ([]byte, error) {
 }
 
 // readTree reads every file below dir, keyed by its path from the repository's root,
-// charging m for every entry and byte. Problems are reported against the file they
-// concern; the rest is still read, unless the budget broke.
-func readTree(fsys fs.FS, dir string, e errs, files map[string][]byte, m *meter) bool {
+// charging m for every entry and byte, and adds to via the paths its symbolic links lead
+// to. Problems are reported against the file they concern; the rest is still read,
+// unless the budget broke.
+func readTree(fsys fs.FS, dir string, e errs, files map[string][]byte, m *meter, via *[]string) bool {
 	if !m.depth(dir) {
 		return false
 	}
@@ -346,7 +351,7 @@ func readTree(fsys fs.FS, dir string, e errs, files map[string][]byte, m *meter)
 		p := path.Join(dir, ent.Name())
 		fe := errs{file: p, cluster: e.cluster, list: e.list}
 		if ent.IsDir() {
-			ok = readTree(fsys, p, e, files, m) && ok
+			ok = readTree(fsys, p, e, files, m, via) && ok
 			if m.broken != nil {
 				return false
 			}
@@ -362,7 +367,7 @@ func readTree(fsys fs.FS, dir string, e errs, files map[string][]byte, m *meter)
 			continue
 		}
 		// A listed file is resolved too: on disk, it may have become a link since.
-		real, info, good := resolve(fsys, p, fe, m)
+		real, info, good := resolve(fsys, p, fe, m, via)
 		if good && link && info.IsDir() {
 			fe.whole("symbolic links to directories are not supported")
 			good = false

@@ -66,6 +66,10 @@ type Fleet struct {
 	incomplete bool
 	// kustomize indexes the presets for validating kustomizations, once per load.
 	kustomize *presetIndex
+	// linked are the paths that fleet.yaml and the presets lead to through symbolic
+	// links, and linking the clusters whose files do (see Cluster.linked).
+	linked  []string
+	linking map[string]bool
 }
 
 // Preset is a kustomize base under presets/<name>.
@@ -97,6 +101,9 @@ type Cluster struct {
 	nameLine, nameColumn int
 	// used is what reading the directory cost the head's budget.
 	used usage
+	// linked are the paths the directory's symbolic links lead to: a change there is a
+	// change to the cluster, wherever it lies.
+	linked []string
 }
 
 // Valid reports whether the cluster can be rendered and enrolled.
@@ -173,7 +180,7 @@ func LoadWith(fsys fs.FS, opts LoadOptions) *Fleet {
 	m := &meter{budget: f.budget}
 	// fleet.yaml is read even past a broken budget, as long as it fits in it: the
 	// tenant and the status context prefix say where to report the head as broken.
-	if problems, ok := admit(fsys, FleetFile, m); ok && problems != nil {
+	if problems, ok := admit(fsys, FleetFile, m, &f.linked); ok && problems != nil {
 		f.Errors = append(f.Errors, problems...)
 	} else if ok {
 		f.Spec = loadFleetFile(fsys, &f.Errors)
@@ -258,6 +265,7 @@ func (f *Fleet) LoadCluster(fsys fs.FS, name string) *Cluster {
 	}
 	delete(f.Clusters, name)
 	delete(f.overBudget, name)
+	delete(f.linking, name)
 	f.used = usage{files: f.used.files - old.files, bytes: f.used.bytes - old.bytes}
 	dir := path.Join(ClustersDir, name)
 	var c *Cluster
@@ -310,7 +318,13 @@ func (f *Fleet) readCluster(fsys fs.FS, name string, m *meter) *Cluster {
 	f.Clusters[name] = c
 	e := errs{file: c.Dir, cluster: name, list: &c.Errors}
 	before := m.used
-	readTree(fsys, c.Dir, e, c.Files, m)
+	readTree(fsys, c.Dir, e, c.Files, m, &c.linked)
+	if len(c.linked) > 0 {
+		if f.linking == nil {
+			f.linking = map[string]bool{}
+		}
+		f.linking[name] = true
+	}
 	c.used = usage{files: m.used.files - before.files, bytes: m.used.bytes - before.bytes}
 	return c
 }
@@ -328,7 +342,7 @@ func (f *Fleet) readPresets(fsys fs.FS, m *meter) {
 		p := &Preset{Name: name, Files: map[string][]byte{}}
 		dir := path.Join(PresetsDir, name)
 		e := errs{file: dir, list: &p.Errors}
-		readTree(fsys, dir, e, p.Files, m)
+		readTree(fsys, dir, e, p.Files, m, &f.linked)
 		if m.broken != nil {
 			return
 		}
@@ -362,7 +376,7 @@ func listDirs(fsys fs.FS, dir string, list *ErrorList, m *meter) ([]string, bool
 		e.whole("cannot read directory: %v", unwrapPathError(err))
 		return nil, false
 	case info.Mode()&fs.ModeSymlink != 0:
-		if _, info, ok := resolve(fsys, dir, e, m); ok && info.IsDir() {
+		if _, info, ok := resolve(fsys, dir, e, m, nil); ok && info.IsDir() {
 			e.whole("symbolic links to directories are not supported")
 		} else if ok {
 			e.whole("cannot read directory: not a directory")
@@ -388,7 +402,7 @@ func listDirs(fsys fs.FS, dir string, list *ErrorList, m *meter) ([]string, bool
 			names = append(names, ent.Name())
 		case ent.Type()&fs.ModeSymlink != 0:
 			e := errs{file: p, list: list}
-			if _, info, ok := resolve(fsys, p, e, m); ok && info.IsDir() {
+			if _, info, ok := resolve(fsys, p, e, m, nil); ok && info.IsDir() {
 				e.whole("symbolic links to directories are not supported")
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"maps"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -56,8 +57,25 @@ func TestAHeadIsReadOnlyWhereItChanged(t *testing.T) {
 	fresh := fleetgen.ClusterName(clusters)
 	fleetgen.AddCluster(added, fresh, old[path.Join(fleet.ClustersDir, fleetgen.ClusterName(0), fleet.EnrollmentFile)].Data, clusters, fleetgen.Options{})
 
+	// The same cluster, its cluster.yaml a symbolic link to a file outside clusters/;
+	// and fleet.yaml a link into config/.
+	shared := "shared/" + changed + ".yaml"
+	linked := maps.Clone(old)
+	linked[file] = &fstest.MapFile{Data: []byte("../../" + shared), Mode: fs.ModeSymlink}
+	linked[shared] = old[file]
+	linkedCordoned := maps.Clone(linked)
+	linkedCordoned[shared] = cordoned[file]
+	const fleetTarget = "config/fleet.yaml"
+	fleetLinked := maps.Clone(old)
+	fleetLinked[fleet.FleetFile] = &fstest.MapFile{Data: []byte(fleetTarget), Mode: fs.ModeSymlink}
+	fleetLinked[fleetTarget] = old[fleet.FleetFile]
+	fleetChanged := maps.Clone(fleetLinked)
+	fleetChanged[fleetTarget] = &fstest.MapFile{Data: append(slices.Clone(old[fleet.FleetFile].Data), "\n# reviewed\n"...), Mode: 0o644}
+
 	tests := []struct {
 		name string
+		// old is the last head, the common fleet when nil.
+		old  fstest.MapFS
 		head fstest.MapFS
 		// ch is what the commit changed, in the paths the source names.
 		ch fleet.Change
@@ -71,13 +89,22 @@ func TestAHeadIsReadOnlyWhereItChanged(t *testing.T) {
 			within: []string{path.Join(fleet.ClustersDir, fresh)}},
 		{name: "a file the hub does not read reads nothing", head: old, ch: fleet.Change{Paths: []string{"README.md"}}},
 		{name: "a fleet-wide change reads the whole head", head: cordoned, ch: fleet.Change{Paths: []string{fleet.FleetFile}}, whole: true},
+		{name: "a file outside clusters/ that a cluster links to reads that cluster's directory", old: linked, head: linkedCordoned,
+			ch: fleet.Change{Paths: []string{shared}}, within: []string{dir, path.Dir(shared)}},
+		{name: "a file fleet.yaml links to reads the whole head", old: fleetLinked, head: fleetChanged,
+			ch: fleet.Change{Paths: []string{fleetTarget}}, whole: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := &Source{hub: &Hub{}}
-			s.setHead(plumbing.NewHash("0123456789abcdef0123456789abcdef01234567"), s.loadHead(old, fleet.Affected{All: true, Reason: "first read"}), "")
+			last := tt.old
+			if last == nil {
+				last = old
+			}
+			first, _ := s.loadHead(last, fleet.Change{All: true, Reason: "first read"})
+			s.setHead(plumbing.NewHash("0123456789abcdef0123456789abcdef01234567"), first, "")
 			counter := &readCounter{fsys: tt.head, paths: map[string]int{}}
-			got := s.loadHead(counter, tt.ch.Affected())
+			got, _ := s.loadHead(counter, tt.ch)
 
 			var outside []string
 			dirs := map[string]bool{}
@@ -95,8 +122,14 @@ func TestAHeadIsReadOnlyWhereItChanged(t *testing.T) {
 			if tt.whole && len(dirs) < clusters {
 				t.Errorf("a fleet-wide change read %d cluster directories of %d", len(dirs), clusters)
 			}
-			if !tt.whole && len(dirs) != len(tt.within) {
-				t.Errorf("%d cluster directories read, want %d", len(dirs), len(tt.within))
+			wantDirs := 0
+			for _, d := range tt.within {
+				if strings.HasPrefix(d, fleet.ClustersDir+"/") {
+					wantDirs++
+				}
+			}
+			if !tt.whole && len(dirs) != wantDirs {
+				t.Errorf("%d cluster directories read, want %d", len(dirs), wantDirs)
 			}
 
 			whole := fleet.Load(tt.head)
@@ -109,7 +142,7 @@ func TestAHeadIsReadOnlyWhereItChanged(t *testing.T) {
 					t.Fatalf("cluster %s differs from a whole load of the head", name)
 				}
 			}
-			if tt.head[file] == cordoned[file] && !got.Clusters[changed].Object.Spec.Cordoned {
+			if (tt.head[file] == cordoned[file] || tt.head[shared] == cordoned[file]) && !got.Clusters[changed].Object.Spec.Cordoned {
 				t.Errorf("%s is not cordoned after the commit that cordons it", changed)
 			}
 		})

@@ -52,8 +52,7 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	head := snap.Commit.String()
 	log := s.log.With("commit", head)
 	// gitsource names the changed paths; the fleet model says which clusters they touch.
-	aff := fleet.Change{All: ch.All, Reason: ch.Reason, Paths: ch.Paths, FirstChange: ch.FirstChange}.Affected()
-	f := s.loadHead(snap.FS(), aff)
+	f, aff := s.loadHead(snap.FS(), fleet.Change{All: ch.All, Reason: ch.Reason, Paths: ch.Paths, FirstChange: ch.FirstChange})
 	s.mu.Lock()
 	s.prefix = f.StatusContextPrefix()
 	s.mu.Unlock()
@@ -105,7 +104,7 @@ func (s *Source) syncBranch(ctx context.Context) error {
 		}
 	}
 	log.Info("reconciling a head", "clusters", len(names), "all", aff.All, "reason", aff.Reason, "retrying", len(retrying))
-	s.reconcileNames(ctx, log, f, names, existing, attribution(ch, head), fleetErr)
+	s.reconcileNames(ctx, log, f, names, existing, attribution(ch, head, f), fleetErr)
 	s.setHead(snap.Commit, f, fleetErr)
 	s.publishFleet(ctx)
 	s.wakeDispatch()
@@ -170,14 +169,14 @@ func (s *Source) reconcileNames(ctx context.Context, log *slog.Logger, f *fleet.
 // commits, the newest that touched the cluster's inputs (its directory, or a
 // fleet-wide file), so that the commit that changed a cluster shows what became of
 // it; the head when the push was one commit, or none of its commits names the cluster.
-func attribution(ch gitsource.Changes, head string) func(cluster string) string {
+func attribution(ch gitsource.Changes, head string, f *fleet.Fleet) func(cluster string) string {
 	if len(ch.Commits) == 0 {
 		return func(string) string { return head }
 	}
 	by := map[string]string{}
 	rest := head
 	for _, c := range ch.Commits {
-		aff := fleet.Change{All: c.All, Paths: c.Paths}.Affected()
+		aff := fleet.Change{All: c.All, Paths: c.Paths}.AffectedIn(f)
 		if aff.All {
 			// Every cluster not touched by a newer commit: this one changed its inputs.
 			rest = c.Hash.String()
@@ -293,15 +292,18 @@ func (s *Source) markStale(ctx context.Context) {
 // size; the whole head when a fleet-wide input changed, at the first read, or when the
 // last head could not be read whole. The head's budgets still hold: a re-read cluster is
 // charged against what the rest of the head uses.
-func (s *Source) loadHead(fsys fs.FS, aff fleet.Affected) *fleet.Fleet {
+func (s *Source) loadHead(fsys fs.FS, ch fleet.Change) (*fleet.Fleet, fleet.Affected) {
 	s.mu.Lock()
 	prev := s.fleet
 	s.mu.Unlock()
+	// The last head's symbolic links say who reads a changed file outside its own
+	// directory; a link the new head adds or changes lies in a changed directory.
+	aff := ch.AffectedIn(prev)
 	if aff.All || prev == nil || prev.OverBudget() || prev.Incomplete() {
-		return fleet.LoadWith(fsys, fleet.LoadOptions{Budget: s.hub.opts.Budget})
+		return fleet.LoadWith(fsys, fleet.LoadOptions{Budget: s.hub.opts.Budget}), aff
 	}
 	for _, name := range aff.Clusters {
 		prev.LoadCluster(fsys, name)
 	}
-	return prev
+	return prev, aff
 }

@@ -276,8 +276,11 @@ func Compute(ctx context.Context, pr *gitsource.PullRequest, r *render.Renderer,
 	if opts.MaxRendered <= 0 {
 		opts.MaxRendered = DefaultMaxRendered
 	}
-	// gitsource names the changed paths; the fleet model says which clusters they touch.
-	aff := fleet.Change{All: pr.Changes.All, Reason: pr.Changes.Reason, Paths: pr.Changes.Paths, FirstChange: pr.Changes.FirstChange}.Affected()
+	load := fleet.LoadOptions{Budget: opts.Budget}
+	base, head := fleet.LoadWith(pr.BaseFS(), load), fleet.LoadWith(pr.FS(), load)
+	// gitsource names the changed paths; the fleet model says which clusters they touch,
+	// through the symbolic links of either side.
+	aff := fleet.Change{All: pr.Changes.All, Reason: pr.Changes.Reason, Paths: pr.Changes.Paths, FirstChange: pr.Changes.FirstChange}.AffectedIn(base, head)
 	p := &Plan{
 		PullRequest: pr.Number,
 		Ref:         pr.Ref,
@@ -288,8 +291,6 @@ func Compute(ctx context.Context, pr *gitsource.PullRequest, r *render.Renderer,
 		Reason:      aff.Reason,
 		MaxRendered: opts.MaxRendered,
 	}
-	load := fleet.LoadOptions{Budget: opts.Budget}
-	base, head := fleet.LoadWith(pr.BaseFS(), load), fleet.LoadWith(pr.FS(), load)
 	if head.Spec != nil {
 		p.Tenant = head.Spec.Spec.Tenant
 	}
