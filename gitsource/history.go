@@ -42,16 +42,28 @@ type PushedCommit struct {
 type history struct {
 	// found says whether head descends from last within PushDepth commits.
 	found bool
+	// cut says that some path from head ends at a commit the copy does not hold, or at
+	// a first commit, so that what the push brought is not known whole: a merged branch
+	// may hold more of its commits below the copy's edge, or lead back into last's
+	// history below it, where the walk of that history stopped.
+	cut bool
 	// truncated says the walk stopped at PushDepth commits without finding last.
 	truncated bool
-	// commits are the pushed commits, newest first (by distance from the head); nil
+	// commits are the pushed commits, each before every commit it descends from; nil
 	// unless found.
 	commits []*object.Commit
 }
 
+// complete says that the copy holds every commit of the push.
+func (h history) complete() bool { return h.found && !h.cut }
+
+// beforeDepth bounds the walk of last's own history that tells a merged branch's old
+// fork point from a commit of the push.
+const beforeDepth = 4 * PushDepth
+
 // pushHistory walks the copy from head towards last, breadth first, without expanding
 // last or what it descends from (those were reconciled before). Commits whose parents
-// the copy does not hold end the walk on their path.
+// the copy does not hold end the walk on their path, and leave it cut.
 func pushHistory(st *store, head, last plumbing.Hash) (history, error) {
 	if last.IsZero() {
 		return history{}, nil
@@ -60,7 +72,7 @@ func pushHistory(st *store, head, last plumbing.Hash) (history, error) {
 	// before last leads back into it.
 	before := map[plumbing.Hash]bool{}
 	frontier := []plumbing.Hash{last}
-	for len(frontier) > 0 && len(before) <= PushDepth {
+	for len(frontier) > 0 && len(before) <= beforeDepth {
 		h := frontier[0]
 		frontier = frontier[1:]
 		if before[h] {
@@ -94,7 +106,10 @@ func pushHistory(st *store, head, last plumbing.Hash) (history, error) {
 		if err != nil {
 			return history{}, err
 		}
-		if c == nil {
+		if c == nil || len(c.ParentHashes) == 0 {
+			// The copy's edge, or a first commit that last's history, as far as the copy
+			// holds it, does not reach: what lies on this path may be older than last.
+			out.cut = true
 			continue
 		}
 		out.commits = append(out.commits, c)
@@ -103,7 +118,48 @@ func pushHistory(st *store, head, last plumbing.Hash) (history, error) {
 	if !out.found {
 		out.commits = nil
 	}
+	out.commits = newestFirst(out.commits)
 	return out, nil
+}
+
+// newestFirst orders commits, found breadth first from the head, so that each comes
+// before every commit it descends from: breadth first, an ancestor reached over a
+// short branch would come before its own descendants on a longer one. Among commits
+// that do not descend from one another, the order found stays.
+func newestFirst(commits []*object.Commit) []*object.Commit {
+	children := make(map[plumbing.Hash]int, len(commits))
+	for _, c := range commits {
+		for _, p := range c.ParentHashes {
+			children[p]++
+		}
+	}
+	out := make([]*object.Commit, 0, len(commits))
+	done := make([]bool, len(commits))
+	for placed := true; placed; {
+		placed = false
+		for i, c := range commits {
+			// The first commit in the order found whose children in the push are all
+			// placed. History has no cycles, so one is until all are.
+			if done[i] || children[c.Hash] > 0 {
+				continue
+			}
+			done[i], placed = true, true
+			out = append(out, c)
+			for _, p := range c.ParentHashes {
+				children[p]--
+			}
+			break
+		}
+	}
+	if len(out) < len(commits) {
+		// Only commits forged into a cycle get here: they keep the order found.
+		for i, c := range commits {
+			if !done[i] {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
 }
 
 // commitOf decodes the commit h; nil when the copy does not hold it.

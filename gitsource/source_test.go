@@ -186,6 +186,26 @@ func TestUpdateTellsAPushsCommitsApart(t *testing.T) {
 			merge := repo.Merge("main", "feature", "merge feature")
 			return []commit{{merge, nil}, {m1, []string{"clusters/gpu-d"}}, {f, []string{"clusters/gpu-c"}}}
 		}},
+		{name: "a branch merged onto the last head names each of its commits", push: func() []commit {
+			// The branch's first commit lies below the copy's edge until it is deepened.
+			repo.Branch("main", "pull")
+			a := repo.Commit("pull", "a", file("gpu-a", "4"))
+			b := repo.Commit("pull", "b", file("gpu-b", "2"))
+			merge := repo.Merge("main", "pull", "merge pull")
+			return []commit{{merge, nil}, {b, []string{"clusters/gpu-b"}}, {a, []string{"clusters/gpu-a"}}}
+		}},
+		{name: "a commit comes before its ancestors, whatever path reaches them first", push: func() []commit {
+			x1 := repo.Commit("main", "x 1", file("gpu-x", "1"))
+			repo.Branch("main", "side")
+			y := repo.Commit("side", "y", file("gpu-y", "1"))
+			x2 := repo.Commit("main", "x 2", file("gpu-x", "2"))
+			z := repo.Commit("main", "z", file("gpu-z", "1"))
+			w := repo.Commit("main", "w", file("gpu-w", "1"))
+			merge := repo.Merge("main", "side", "merge side")
+			// Breadth first from the merge, x1 is reached over y before x2 is over w and z.
+			return []commit{{merge, nil}, {w, []string{"clusters/gpu-w"}}, {y, []string{"clusters/gpu-y"}},
+				{z, []string{"clusters/gpu-z"}}, {x2, []string{"clusters/gpu-x"}}, {x1, []string{"clusters/gpu-x"}}}
+		}},
 		{name: "more commits than PushDepth", all: true, push: func() []commit {
 			for i := range gitsource.PushDepth + 1 {
 				repo.Commit("main", "step", file("gpu-e", fmt.Sprint(i)))
@@ -214,6 +234,47 @@ func TestUpdateTellsAPushsCommitsApart(t *testing.T) {
 				t.Fatalf("commits %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+// A branch forked long before the last reconciled commit is merged. The copy held the
+// last commit alone, so the branch leads the walk into history the hub reconciled
+// before: its fork point is no commit of the push. Here the fork point changed a
+// preset, as the push does, and only the push's own commit may carry the fleet-wide
+// change.
+func TestUpdateLeavesAnOldForkPointOutOfAPush(t *testing.T) {
+	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+	file := func(name, text string) map[string][]byte {
+		return map[string][]byte{"clusters/" + name + "/notes.txt": []byte(text + "\n")}
+	}
+	fork := repo.Commit("main", "fork", map[string][]byte{"presets/gpu/notes.txt": []byte("fork\n")})
+	repo.Branch("main", "long")
+	for i := range 3 {
+		repo.Commit("main", "l", file("gpu-l", fmt.Sprint(i)))
+	}
+	s := newSource(t, repo.URL())
+	first, _, err := s.Update(t.Context(), plumbing.ZeroHash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	side := repo.Commit("long", "s", file("gpu-s", "1"))
+	preset := repo.Commit("main", "preset", map[string][]byte{"presets/gpu/other.txt": []byte("a1\n")})
+	a := repo.Commit("main", "a", file("gpu-a", "1"))
+	merge := repo.Merge("main", "long", "merge long")
+
+	_, ch, err := s.Update(t.Context(), first.Commit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.All {
+		t.Fatalf("read whole: %s", ch.Reason)
+	}
+	var got []string
+	for _, c := range ch.Commits {
+		got = append(got, c.Hash.String())
+	}
+	if want := []string{merge, a, side, preset}; !slices.Equal(got, want) {
+		t.Fatalf("commits %q, want %q (the fork point is %s)", got, want, fork)
 	}
 }
 
