@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +34,28 @@ const defaultContext = "default"
 // secondaryWait is how long to wait after a secondary rate limit without Retry-After:
 // GitHub says "wait for at least one minute before retrying".
 const secondaryWait = time.Minute
+
+// secondaryWaitOf is how long GitHub's documentation says to wait after a secondary
+// rate limit: Retry-After when the answer has it; the primary budget's reset when that
+// budget is spent; otherwise a minute. go-github's RetryAfter takes the reset whenever
+// there is one, and GitHub states it on every answer.
+func secondaryWaitOf(abuse *gh.AbuseRateLimitError, now time.Time) time.Duration {
+	var h http.Header
+	if abuse.Response != nil {
+		h = abuse.Response.Header
+	}
+	if v := h.Get("Retry-After"); v != "" {
+		if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return max(time.Duration(s)*time.Second, 0)
+		}
+	}
+	if h.Get(gh.HeaderRateRemaining) == "0" {
+		if s, err := strconv.ParseInt(h.Get(gh.HeaderRateReset), 10, 64); err == nil {
+			return max(time.Unix(s, 0).Sub(now), 0)
+		}
+	}
+	return secondaryWait
+}
 
 // Options say which repository to keep statuses on and how to authenticate. Exactly one
 // of Token and App is set.
@@ -128,6 +151,11 @@ func New(opts Options) (*Backend, error) {
 		gh.WithHTTPClient(hc),
 		// The same origin for uploads keeps the credentials on the API host only.
 		gh.WithURLs(&base, &base),
+		// The Publisher waits out every refusal, for as long as classify says. go-github
+		// would also refuse requests itself until the time it took from the refusal,
+		// which for a secondary limit without Retry-After is the primary budget's reset,
+		// up to an hour away.
+		gh.WithDisableRateLimitCheck(),
 	}
 	if token != "" {
 		clientOpts = append(clientOpts, gh.WithAuthToken(token))
@@ -263,11 +291,7 @@ func (b *Backend) Canonical(st commitstatus.Status) commitstatus.Status {
 func classify(resp *gh.Response, err error) error {
 	now := time.Now()
 	if abuse, ok := errors.AsType[*gh.AbuseRateLimitError](err); ok {
-		wait := secondaryWait
-		if abuse.RetryAfter != nil {
-			wait = max(*abuse.RetryAfter, 0)
-		}
-		return commitstatus.Retryable(err, wait)
+		return commitstatus.Retryable(err, secondaryWaitOf(abuse, now))
 	}
 	if rate, ok := errors.AsType[*gh.RateLimitError](err); ok {
 		return commitstatus.Retryable(err, max(rate.Rate.Reset.Sub(now), 0))
