@@ -75,10 +75,15 @@ type pacer struct {
 	urgent int
 	// changed is closed, and replaced, whenever a waiter's answer may have changed.
 	changed chan struct{}
-	// starts and since measure the rate of requests since the last refusal.
-	starts int
+	// recent are the times of the last requests sent, oldest first, and since the time
+	// of the last refusal: what was sent since measures the rate a refusal refused,
+	// without the quiet before a burst.
+	recent []time.Time
 	since  time.Time
 }
+
+// recentRequests is how many of the last requests measure the rate a forge refused.
+const recentRequests = 32
 
 func newPacer(c clock.Clock, reserve, r float64) *pacer {
 	return &pacer{clock: c, reserve: reserve, rate: r, changed: make(chan struct{})}
@@ -179,10 +184,10 @@ func (p *pacer) wait(ctx context.Context, lane Lane, write bool, limit time.Dura
 func (p *pacer) start(write bool, now time.Time) {
 	p.spent++
 	p.running++
-	p.starts++
-	if p.since.IsZero() {
-		p.since = now
+	if len(p.recent) == recentRequests {
+		p.recent = append(p.recent[:0], p.recent[1:]...)
 	}
+	p.recent = append(p.recent, now)
 	p.last = now
 	if write {
 		for _, l := range p.writes {
@@ -243,14 +248,22 @@ func (p *pacer) refused(after time.Duration, l Limits, sent time.Time) {
 		return
 	}
 	if !stated {
-		// A limit nobody stated: halve the rate that was refused.
-		r := float64(p.starts) / max(now.Sub(p.since).Seconds(), 1)
+		// A limit nobody stated: halve the rate that was refused, that of the requests
+		// sent since the last refusal, up to the last recentRequests of them.
+		sentSince := p.recent
+		for len(sentSince) > 0 && sentSince[0].Before(p.since) {
+			sentSince = sentSince[1:]
+		}
+		r := 0.0
+		if len(sentSince) > 0 {
+			r = float64(len(sentSince)) / max(now.Sub(sentSince[0]).Seconds(), 1)
+		}
 		if p.rate > 0 {
 			r = min(r, p.rate)
 		}
 		p.rate = max(r/2, minRate)
 	}
-	p.starts, p.since = 0, now
+	p.since = now
 	p.signal()
 }
 
