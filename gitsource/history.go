@@ -11,11 +11,14 @@ import (
 
 // A push may bring several commits. The branch's copy is shallow (one commit deep), so
 // that a push of one commit fetches what that commit changed and no history; when the
-// new head's parents do not include the last reconciled commit, the copy is deepened
-// below the head, a few commits at a time, until it holds every commit from the last
-// reconciled one to the head, or PushDepth commits. Update then says which commit of
-// the push changed which paths (Changes.Commits), so that each changed cluster's status
-// goes on the newest commit that touched it rather than on the head.
+// new head's parent is not the last reconciled commit, the copy is deepened below the
+// head, a few commits at a time, until it holds the branch's own line from the head back
+// to the last reconciled commit (the head, its first parent, that one's, and so on), or
+// PushDepth commits of it. Update then says which commit of that line changed which
+// paths (Changes.Commits), so that each changed cluster's status goes on the newest
+// commit that brought a change to it to the branch rather than on the head. A merge
+// brings what its branch changed: a pull request merged with a merge commit turns that
+// commit green, and the branch's own commits stay the pull request's.
 
 // PushDepth is the most commits of one push that Update tells apart. A push of more
 // is compared as a whole: its changes are the head's.
@@ -32,9 +35,8 @@ type PushedCommit struct {
 	// All is set when the commit changed more than MaxChangedPaths paths; Paths is
 	// then nil.
 	All bool
-	// Paths are the paths the commit changed, named as Changes.Paths are: against its
-	// parent, or, for a merge, those that differ from every parent (what the merge
-	// itself changed, as git log names a merge's changes to a path).
+	// Paths are the paths the commit changed against its first parent, named as
+	// Changes.Paths are: for a merge, what it brought to the branch.
 	Paths []string
 }
 
@@ -42,64 +44,32 @@ type PushedCommit struct {
 type history struct {
 	// found says whether head descends from last within PushDepth commits.
 	found bool
-	// cut says that some path from head ends at a commit the copy does not hold, or at
-	// a first commit, so that what the push brought is not known whole: a merged branch
-	// may hold more of its commits below the copy's edge, or lead back into last's
-	// history below it, where the walk of that history stopped.
-	cut bool
-	// truncated says the walk stopped at PushDepth commits without finding last.
+	// complete says that the copy holds the branch's line from head back to last.
+	complete bool
+	// edge says that a walk from head ended where the copy ends: a deeper copy may
+	// tell more.
+	edge bool
+	// truncated says the branch's line is longer than PushDepth commits.
 	truncated bool
-	// commits are the pushed commits, each before every commit it descends from; nil
-	// unless found.
+	// commits are the branch's line from head back to last (exclusive), newest first;
+	// nil unless complete.
 	commits []*object.Commit
 }
 
-// complete says that the copy holds every commit of the push.
-func (h history) complete() bool { return h.found && !h.cut }
-
-// beforeDepth bounds the walk of last's own history that tells a merged branch's old
-// fork point from a commit of the push.
-const beforeDepth = 4 * PushDepth
-
-// pushHistory walks the copy from head towards last, breadth first, without expanding
-// last or what it descends from (those were reconciled before). Commits whose parents
-// the copy does not hold end the walk on their path, and leave it cut.
+// pushHistory follows the branch's line from head towards last, first parent after
+// first parent. When the line does not reach last, head may still descend from last by
+// another path, as when the branch was moved to a branch that had merged it: then the
+// push is not told apart, but it is no rewritten history either.
 func pushHistory(st *store, head, last plumbing.Hash) (history, error) {
 	if last.IsZero() {
 		return history{}, nil
 	}
-	// last's own history, as far as the copy holds it: a merged branch that forked
-	// before last leads back into it.
-	before := map[plumbing.Hash]bool{}
-	frontier := []plumbing.Hash{last}
-	for len(frontier) > 0 && len(before) <= beforeDepth {
-		h := frontier[0]
-		frontier = frontier[1:]
-		if before[h] {
-			continue
-		}
-		before[h] = true
-		if c, err := commitOf(st, h); err == nil && c != nil {
-			frontier = append(frontier, c.ParentHashes...)
-		}
-	}
-	var out history
-	seen := map[plumbing.Hash]bool{}
-	frontier = []plumbing.Hash{head}
-	for len(frontier) > 0 {
-		h := frontier[0]
-		frontier = frontier[1:]
+	var line []*object.Commit
+	for h := head; ; {
 		if h == last {
-			out.found = true
-			continue
+			return history{found: true, complete: true, commits: line}, nil
 		}
-		if seen[h] || before[h] {
-			continue
-		}
-		seen[h] = true
-		if len(out.commits) == PushDepth {
-			// More than PushDepth commits: last may be further back, but the push is
-			// not told apart.
+		if len(line) == PushDepth {
 			return history{truncated: true}, nil
 		}
 		c, err := commitOf(st, h)
@@ -107,59 +77,46 @@ func pushHistory(st *store, head, last plumbing.Hash) (history, error) {
 			return history{}, err
 		}
 		if c == nil || len(c.ParentHashes) == 0 {
-			// The copy's edge, or a first commit that last's history, as far as the copy
-			// holds it, does not reach: what lies on this path may be older than last.
-			out.cut = true
-			continue
+			out, err := descends(st, head, last)
+			out.edge = out.edge || c == nil
+			return out, err
 		}
-		out.commits = append(out.commits, c)
-		frontier = append(frontier, c.ParentHashes...)
+		line = append(line, c)
+		h = c.ParentHashes[0]
 	}
-	if !out.found {
-		out.commits = nil
-	}
-	out.commits = newestFirst(out.commits)
-	return out, nil
 }
 
-// newestFirst orders commits, found breadth first from the head, so that each comes
-// before every commit it descends from: breadth first, an ancestor reached over a
-// short branch would come before its own descendants on a longer one. Among commits
-// that do not descend from one another, the order found stays.
-func newestFirst(commits []*object.Commit) []*object.Commit {
-	children := make(map[plumbing.Hash]int, len(commits))
-	for _, c := range commits {
-		for _, p := range c.ParentHashes {
-			children[p]++
+// descends walks the copy from head towards last by every parent, breadth first, for
+// at most PushDepth commits.
+func descends(st *store, head, last plumbing.Hash) (history, error) {
+	var out history
+	seen := map[plumbing.Hash]bool{}
+	frontier := []plumbing.Hash{head}
+	for len(frontier) > 0 {
+		h := frontier[0]
+		frontier = frontier[1:]
+		if h == last {
+			out.found = true
+			continue
 		}
-	}
-	out := make([]*object.Commit, 0, len(commits))
-	done := make([]bool, len(commits))
-	for placed := true; placed; {
-		placed = false
-		for i, c := range commits {
-			// The first commit in the order found whose children in the push are all
-			// placed. History has no cycles, so one is until all are.
-			if done[i] || children[c.Hash] > 0 {
-				continue
-			}
-			done[i], placed = true, true
-			out = append(out, c)
-			for _, p := range c.ParentHashes {
-				children[p]--
-			}
-			break
+		if seen[h] {
+			continue
 		}
-	}
-	if len(out) < len(commits) {
-		// Only commits forged into a cycle get here: they keep the order found.
-		for i, c := range commits {
-			if !done[i] {
-				out = append(out, c)
-			}
+		seen[h] = true
+		if len(seen) > PushDepth {
+			return history{truncated: true}, nil
 		}
+		c, err := commitOf(st, h)
+		if err != nil {
+			return history{}, err
+		}
+		if c == nil {
+			out.edge = true
+			continue
+		}
+		frontier = append(frontier, c.ParentHashes...)
 	}
-	return out
+	return out, nil
 }
 
 // commitOf decodes the commit h; nil when the copy does not hold it.
@@ -175,8 +132,7 @@ func commitOf(st *store, h plumbing.Hash) (*object.Commit, error) {
 	return c, nil
 }
 
-// pushedCommits says what each commit of h changed. A commit whose parents the copy
-// does not hold is left out: its changes are then the head's.
+// pushedCommits says what each commit of h changed.
 func pushedCommits(ctx context.Context, st *store, h history) ([]PushedCommit, error) {
 	if len(h.commits) < 2 {
 		// A push of one commit: its changes are the head's, which Changes.Paths say.
@@ -184,52 +140,34 @@ func pushedCommits(ctx context.Context, st *store, h history) ([]PushedCommit, e
 	}
 	out := make([]PushedCommit, 0, len(h.commits))
 	for _, c := range h.commits {
-		pc, ok, err := changedBy(ctx, st, c)
+		pc, err := changedBy(ctx, st, c)
 		if err != nil {
 			return nil, err
 		}
-		if ok {
-			out = append(out, pc)
-		}
+		out = append(out, pc)
 	}
 	return out, nil
 }
 
-// changedBy is what c changed against its parents; ok is false when the copy does not
-// hold them all. A path changed by a merge differs from every parent; a parent that
-// differs in more than MaxChangedPaths paths says nothing of which.
-func changedBy(ctx context.Context, st *store, c *object.Commit) (pc PushedCommit, ok bool, err error) {
-	pc.Hash = c.Hash
-	count := map[string]int{}
-	compared := 0
-	for _, p := range c.ParentHashes {
-		parent, err := commitOf(st, p)
-		if err != nil || parent == nil {
-			return pc, false, err
-		}
-		ch, err := diff(ctx, st, parent.TreeHash, c.TreeHash)
-		if err != nil {
-			return pc, false, err
-		}
-		if ch.All {
-			continue
-		}
-		compared++
-		for _, p := range ch.Paths {
-			count[p]++
-		}
+// changedBy is what c, a commit of the branch's line, changed against its first
+// parent, which the line holds too.
+func changedBy(ctx context.Context, st *store, c *object.Commit) (PushedCommit, error) {
+	pc := PushedCommit{Hash: c.Hash}
+	parent, err := commitOf(st, c.ParentHashes[0])
+	if err != nil {
+		return pc, err
 	}
-	if compared == 0 {
-		// Every comparison had too many paths to name (a root commit has none: it is
-		// never among a push's commits, which all descend from the last one).
-		pc.All = len(c.ParentHashes) > 0
-		return pc, pc.All, nil
+	if parent == nil {
+		return pc, fmt.Errorf("gitsource: commit %s: its first parent is not in the copy", c.Hash)
 	}
-	for p, n := range count {
-		if n == compared {
-			pc.Paths = append(pc.Paths, p)
-		}
+	ch, err := diff(ctx, st, parent.TreeHash, c.TreeHash)
+	if err != nil {
+		return pc, err
 	}
-	slices.Sort(pc.Paths)
-	return pc, true, nil
+	if ch.All {
+		pc.All = true
+		return pc, nil
+	}
+	pc.Paths = slices.Sorted(slices.Values(ch.Paths))
+	return pc, nil
 }

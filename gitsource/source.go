@@ -302,9 +302,9 @@ func (s *Source) Update(ctx context.Context, last plumbing.Hash) (*Snapshot, Cha
 		// correct, only slower.
 		return snap, Changes{All: true, Reason: fmt.Sprintf("the new head does not descend from the last reconciled commit within %d commits", PushDepth)}, nil
 	}
-	if !h.complete() {
-		// The head descends from the last commit, but some of what the push merged lies
-		// below the copy's edge: its changes are the head's, as a whole.
+	if !h.complete {
+		// The head descends from the last commit, but not along the branch's line that
+		// the copy holds: the push's changes are the head's, as a whole.
 		return snap, ch, nil
 	}
 	if ch.Commits, err = pushedCommits(ctx, s.branch, h); err != nil {
@@ -326,7 +326,7 @@ func (s *Source) reach(ctx context.Context, head, last plumbing.Hash) (bool, err
 		if err != nil {
 			return deepened, err
 		}
-		if h.complete() || h.truncated {
+		if h.complete || h.truncated || !h.edge {
 			return deepened, nil
 		}
 		ss, err := s.open(ctx)

@@ -145,9 +145,10 @@ func TestUpdateNamesTheChangedPaths(t *testing.T) {
 	}
 }
 
-// A push of several commits is told apart, commit by commit, newest first, so that the
-// hub puts each cluster's status on the newest commit that touched it: a merge names
-// only what it changed itself, and a push too long to tell apart is read whole.
+// A push of several commits is told apart along the branch's own line, commit by
+// commit, newest first, so that the hub puts each cluster's status on the newest commit
+// that brought a change to it to the branch: a merge names what its branch changed, and
+// a push too long to tell apart is read whole.
 func TestUpdateTellsAPushsCommitsApart(t *testing.T) {
 	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
 	s := newSource(t, repo.URL())
@@ -179,32 +180,34 @@ func TestUpdateTellsAPushsCommitsApart(t *testing.T) {
 			c3 := repo.Commit("main", "a again", file("gpu-a", "3"))
 			return []commit{{c3, []string{"clusters/gpu-a"}}, {c2, []string{"clusters/gpu-b"}}, {c1, []string{"clusters/gpu-a"}}}
 		}},
-		{name: "a merge names what it changed itself, its branch's commits theirs", push: func() []commit {
+		{name: "a merge names what it brought to the branch, its branch's commits nothing", push: func() []commit {
 			repo.Branch("main", "feature")
-			f := repo.Commit("feature", "c", file("gpu-c", "1"))
+			repo.Commit("feature", "c", file("gpu-c", "1"))
 			m1 := repo.Commit("main", "d", file("gpu-d", "1"))
 			merge := repo.Merge("main", "feature", "merge feature")
-			return []commit{{merge, nil}, {m1, []string{"clusters/gpu-d"}}, {f, []string{"clusters/gpu-c"}}}
+			return []commit{{merge, []string{"clusters/gpu-c"}}, {m1, []string{"clusters/gpu-d"}}}
 		}},
-		{name: "a branch merged onto the last head names each of its commits", push: func() []commit {
-			// The branch's first commit lies below the copy's edge until it is deepened.
+		{name: "a pull request merged onto the last head is its merge's alone", push: func() []commit {
+			// A merge commit turns green, as the person who merged it expects, whether or
+			// not the copy holds the branch's commits.
 			repo.Branch("main", "pull")
-			a := repo.Commit("pull", "a", file("gpu-a", "4"))
-			b := repo.Commit("pull", "b", file("gpu-b", "2"))
-			merge := repo.Merge("main", "pull", "merge pull")
-			return []commit{{merge, nil}, {b, []string{"clusters/gpu-b"}}, {a, []string{"clusters/gpu-a"}}}
+			repo.Commit("pull", "a", file("gpu-a", "4"))
+			repo.Commit("pull", "b", file("gpu-b", "2"))
+			repo.Merge("main", "pull", "merge pull")
+			return nil
 		}},
-		{name: "a commit comes before its ancestors, whatever path reaches them first", push: func() []commit {
+		{name: "the branch's line is told apart, newest first, whatever a merged branch holds", push: func() []commit {
 			x1 := repo.Commit("main", "x 1", file("gpu-x", "1"))
 			repo.Branch("main", "side")
-			y := repo.Commit("side", "y", file("gpu-y", "1"))
+			repo.Commit("side", "y", file("gpu-y", "1"))
 			x2 := repo.Commit("main", "x 2", file("gpu-x", "2"))
 			z := repo.Commit("main", "z", file("gpu-z", "1"))
 			w := repo.Commit("main", "w", file("gpu-w", "1"))
 			merge := repo.Merge("main", "side", "merge side")
-			// Breadth first from the merge, x1 is reached over y before x2 is over w and z.
-			return []commit{{merge, nil}, {w, []string{"clusters/gpu-w"}}, {y, []string{"clusters/gpu-y"}},
-				{z, []string{"clusters/gpu-z"}}, {x2, []string{"clusters/gpu-x"}}, {x1, []string{"clusters/gpu-x"}}}
+			// Breadth first from the merge, x1 would be reached over y before x2 over w
+			// and z; y is the merge's.
+			return []commit{{merge, []string{"clusters/gpu-y"}}, {w, []string{"clusters/gpu-w"}}, {z, []string{"clusters/gpu-z"}},
+				{x2, []string{"clusters/gpu-x"}}, {x1, []string{"clusters/gpu-x"}}}
 		}},
 		{name: "more commits than PushDepth", all: true, push: func() []commit {
 			for i := range gitsource.PushDepth + 1 {
@@ -238,10 +241,9 @@ func TestUpdateTellsAPushsCommitsApart(t *testing.T) {
 }
 
 // A branch forked long before the last reconciled commit is merged. The copy held the
-// last commit alone, so the branch leads the walk into history the hub reconciled
-// before: its fork point is no commit of the push. Here the fork point changed a
-// preset, as the push does, and only the push's own commit may carry the fleet-wide
-// change.
+// last commit alone, and the branch leads back into history the hub reconciled before:
+// its fork point is no commit of the push. Here the fork point changed a preset, as the
+// push does, and only the push's own commit may carry the fleet-wide change.
 func TestUpdateLeavesAnOldForkPointOutOfAPush(t *testing.T) {
 	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
 	file := func(name, text string) map[string][]byte {
@@ -257,7 +259,7 @@ func TestUpdateLeavesAnOldForkPointOutOfAPush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	side := repo.Commit("long", "s", file("gpu-s", "1"))
+	repo.Commit("long", "s", file("gpu-s", "1"))
 	preset := repo.Commit("main", "preset", map[string][]byte{"presets/gpu/other.txt": []byte("a1\n")})
 	a := repo.Commit("main", "a", file("gpu-a", "1"))
 	merge := repo.Merge("main", "long", "merge long")
@@ -273,7 +275,7 @@ func TestUpdateLeavesAnOldForkPointOutOfAPush(t *testing.T) {
 	for _, c := range ch.Commits {
 		got = append(got, c.Hash.String())
 	}
-	if want := []string{merge, a, side, preset}; !slices.Equal(got, want) {
+	if want := []string{merge, a, preset}; !slices.Equal(got, want) {
 		t.Fatalf("commits %q, want %q (the fork point is %s)", got, want, fork)
 	}
 }

@@ -166,9 +166,10 @@ func (s *Source) reconcileNames(ctx context.Context, log *slog.Logger, f *fleet.
 }
 
 // attribution names the commit each cluster's status goes on: of a push of several
-// commits, the newest that touched the cluster's inputs (its directory, or a
-// fleet-wide file), so that the commit that changed a cluster shows what became of
-// it; the head when the push was one commit, or none of its commits names the cluster.
+// commits along the branch's line, the newest that changed the cluster's inputs (its
+// directory, a file it links to, or a fleet-wide file), so that the commit that
+// changed a cluster shows what became of it; the head when the push was one commit, or
+// none of its commits names the cluster.
 func attribution(ch gitsource.Changes, head string, f *fleet.Fleet) func(cluster string) string {
 	if len(ch.Commits) == 0 {
 		return func(string) string { return head }
