@@ -516,6 +516,16 @@ func (s *Server) authenticate(r *http.Request) authResult {
 // exceed your primary rate limit, you will receive a 403 or 429 response, and the
 // x-ratelimit-remaining header will be 0."
 func (s *Server) rateLimited(w http.ResponseWriter) bool {
+	exhausted := s.budget(w)
+	if exhausted {
+		s.error(w, http.StatusForbidden, apiError{Message: fmt.Sprintf(msgPrimary, s.nextRequestID()), DocumentationURL: docPrimary})
+	}
+	return exhausted
+}
+
+// budget counts the request against the primary rate limit, writes where it stands in
+// the X-RateLimit-* headers, and reports whether it is exhausted.
+func (s *Server) budget(w http.ResponseWriter) bool {
 	if q, ok := s.Store.Quota(); ok {
 		// A limit the test set: Begin counted this request against it already.
 		s.rateHeaders(w, q.Limit, q.Limit-q.Used, q.Used, q.Reset)
@@ -540,9 +550,6 @@ func (s *Server) rateLimited(w http.ResponseWriter) bool {
 	s.mu.Unlock()
 
 	s.rateHeaders(w, RateLimit, remaining, used, reset)
-	if exhausted {
-		s.error(w, http.StatusForbidden, apiError{Message: fmt.Sprintf(msgPrimary, s.nextRequestID()), DocumentationURL: docPrimary})
-	}
 	return exhausted
 }
 
@@ -580,6 +587,9 @@ func (s *Server) fault(w http.ResponseWriter, f forge.Fault) {
 	}
 	switch {
 	case f.Code == http.StatusForbidden || f.Code == http.StatusTooManyRequests:
+		// A secondary limit's answer states the primary budget too, as every
+		// authenticated answer does; a client must not wait for that budget's reset.
+		s.budget(w)
 		s.error(w, f.Code, apiError{Message: fmt.Sprintf(msgSecondary, s.nextRequestID()), DocumentationURL: docSecondary})
 	case f.Code == http.StatusUnauthorized:
 		s.error(w, f.Code, apiError{Message: msgBadCredentials, DocumentationURL: docRoot})

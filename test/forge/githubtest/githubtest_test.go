@@ -471,6 +471,12 @@ func TestFaults(t *testing.T) {
 			if tc.wantDocumentURL != "" && a.body["documentation_url"] != tc.wantDocumentURL {
 				t.Fatalf("documentation_url = %v", a.body["documentation_url"])
 			}
+			// GitHub states the primary budget on every authenticated answer, a secondary
+			// limit's included, with budget left: that budget's reset is not the wait.
+			if secondary := tc.wantDocumentURL == docSecondary; secondary && (a.header.Get("X-RateLimit-Limit") == "" || a.header.Get("X-RateLimit-Remaining") == "0" || a.header.Get("X-RateLimit-Reset") == "") {
+				t.Fatalf("a secondary limit's answer states no primary budget with some left: limit %q remaining %q reset %q",
+					a.header.Get("X-RateLimit-Limit"), a.header.Get("X-RateLimit-Remaining"), a.header.Get("X-RateLimit-Reset"))
+			}
 			if n := srv.Store.Count(sha, "default"); n != 0 {
 				t.Fatal("a faulted request was served")
 			}
