@@ -3,7 +3,6 @@ package gitsource
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/object"
@@ -150,7 +149,8 @@ func pushedCommits(ctx context.Context, st *store, h history) ([]PushedCommit, e
 }
 
 // changedBy is what c, a commit of the branch's line, changed against its first
-// parent, which the line holds too.
+// parent: the next commit of the line, or the last reconciled one, whose snapshot
+// Update took. Both are in the copy.
 func changedBy(ctx context.Context, st *store, c *object.Commit) (PushedCommit, error) {
 	pc := PushedCommit{Hash: c.Hash}
 	parent, err := commitOf(st, c.ParentHashes[0])
@@ -168,6 +168,7 @@ func changedBy(ctx context.Context, st *store, c *object.Commit) (PushedCommit, 
 		pc.All = true
 		return pc, nil
 	}
-	pc.Paths = slices.Sorted(slices.Values(ch.Paths))
+	// diff names the paths sorted, each once.
+	pc.Paths = ch.Paths
 	return pc, nil
 }

@@ -145,6 +145,12 @@ func TestUpdateNamesTheChangedPaths(t *testing.T) {
 	}
 }
 
+// clusterNote is a commit's change to one cluster's directory and nothing else: a note
+// beside its cluster.yaml.
+func clusterNote(name, text string) map[string][]byte {
+	return map[string][]byte{"clusters/" + name + "/notes.txt": []byte(text + "\n")}
+}
+
 // A push of several commits is told apart along the branch's own line, commit by
 // commit, newest first, so that the hub puts each cluster's status on the newest commit
 // that brought a change to it to the branch: a merge names what its branch changed, and
@@ -157,9 +163,6 @@ func TestUpdateTellsAPushsCommitsApart(t *testing.T) {
 		t.Fatal(err)
 	}
 	last := first.Commit
-	file := func(name, text string) map[string][]byte {
-		return map[string][]byte{"clusters/" + name + "/notes.txt": []byte(text + "\n")}
-	}
 	type commit struct {
 		hash  string
 		paths []string
@@ -171,19 +174,19 @@ func TestUpdateTellsAPushsCommitsApart(t *testing.T) {
 		all bool
 	}{
 		{name: "one commit is the head's alone", push: func() []commit {
-			repo.Commit("main", "a", file("gpu-a", "1"))
+			repo.Commit("main", "a", clusterNote("gpu-a", "1"))
 			return nil
 		}},
 		{name: "three commits, one cluster touched twice", push: func() []commit {
-			c1 := repo.Commit("main", "a", file("gpu-a", "2"))
-			c2 := repo.Commit("main", "b", file("gpu-b", "1"))
-			c3 := repo.Commit("main", "a again", file("gpu-a", "3"))
+			c1 := repo.Commit("main", "a", clusterNote("gpu-a", "2"))
+			c2 := repo.Commit("main", "b", clusterNote("gpu-b", "1"))
+			c3 := repo.Commit("main", "a again", clusterNote("gpu-a", "3"))
 			return []commit{{c3, []string{"clusters/gpu-a"}}, {c2, []string{"clusters/gpu-b"}}, {c1, []string{"clusters/gpu-a"}}}
 		}},
 		{name: "a merge names what it brought to the branch, its branch's commits nothing", push: func() []commit {
 			repo.Branch("main", "feature")
-			repo.Commit("feature", "c", file("gpu-c", "1"))
-			m1 := repo.Commit("main", "d", file("gpu-d", "1"))
+			repo.Commit("feature", "c", clusterNote("gpu-c", "1"))
+			m1 := repo.Commit("main", "d", clusterNote("gpu-d", "1"))
 			merge := repo.Merge("main", "feature", "merge feature")
 			return []commit{{merge, []string{"clusters/gpu-c"}}, {m1, []string{"clusters/gpu-d"}}}
 		}},
@@ -191,18 +194,18 @@ func TestUpdateTellsAPushsCommitsApart(t *testing.T) {
 			// A merge commit turns green, as the person who merged it expects, whether or
 			// not the copy holds the branch's commits.
 			repo.Branch("main", "pull")
-			repo.Commit("pull", "a", file("gpu-a", "4"))
-			repo.Commit("pull", "b", file("gpu-b", "2"))
+			repo.Commit("pull", "a", clusterNote("gpu-a", "4"))
+			repo.Commit("pull", "b", clusterNote("gpu-b", "2"))
 			repo.Merge("main", "pull", "merge pull")
 			return nil
 		}},
 		{name: "the branch's line is told apart, newest first, whatever a merged branch holds", push: func() []commit {
-			x1 := repo.Commit("main", "x 1", file("gpu-x", "1"))
+			x1 := repo.Commit("main", "x 1", clusterNote("gpu-x", "1"))
 			repo.Branch("main", "side")
-			repo.Commit("side", "y", file("gpu-y", "1"))
-			x2 := repo.Commit("main", "x 2", file("gpu-x", "2"))
-			z := repo.Commit("main", "z", file("gpu-z", "1"))
-			w := repo.Commit("main", "w", file("gpu-w", "1"))
+			repo.Commit("side", "y", clusterNote("gpu-y", "1"))
+			x2 := repo.Commit("main", "x 2", clusterNote("gpu-x", "2"))
+			z := repo.Commit("main", "z", clusterNote("gpu-z", "1"))
+			w := repo.Commit("main", "w", clusterNote("gpu-w", "1"))
 			merge := repo.Merge("main", "side", "merge side")
 			// Breadth first from the merge, x1 would be reached over y before x2 over w
 			// and z; y is the merge's.
@@ -211,7 +214,7 @@ func TestUpdateTellsAPushsCommitsApart(t *testing.T) {
 		}},
 		{name: "more commits than PushDepth", all: true, push: func() []commit {
 			for i := range gitsource.PushDepth + 1 {
-				repo.Commit("main", "step", file("gpu-e", fmt.Sprint(i)))
+				repo.Commit("main", "step", clusterNote("gpu-e", fmt.Sprint(i)))
 			}
 			return nil
 		}},
@@ -246,22 +249,19 @@ func TestUpdateTellsAPushsCommitsApart(t *testing.T) {
 // push does, and only the push's own commit may carry the fleet-wide change.
 func TestUpdateLeavesAnOldForkPointOutOfAPush(t *testing.T) {
 	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
-	file := func(name, text string) map[string][]byte {
-		return map[string][]byte{"clusters/" + name + "/notes.txt": []byte(text + "\n")}
-	}
 	fork := repo.Commit("main", "fork", map[string][]byte{"presets/gpu/notes.txt": []byte("fork\n")})
 	repo.Branch("main", "long")
 	for i := range 3 {
-		repo.Commit("main", "l", file("gpu-l", fmt.Sprint(i)))
+		repo.Commit("main", "l", clusterNote("gpu-l", fmt.Sprint(i)))
 	}
 	s := newSource(t, repo.URL())
 	first, _, err := s.Update(t.Context(), plumbing.ZeroHash)
 	if err != nil {
 		t.Fatal(err)
 	}
-	repo.Commit("long", "s", file("gpu-s", "1"))
+	repo.Commit("long", "s", clusterNote("gpu-s", "1"))
 	preset := repo.Commit("main", "preset", map[string][]byte{"presets/gpu/other.txt": []byte("a1\n")})
-	a := repo.Commit("main", "a", file("gpu-a", "1"))
+	a := repo.Commit("main", "a", clusterNote("gpu-a", "1"))
 	merge := repo.Merge("main", "long", "merge long")
 
 	_, ch, err := s.Update(t.Context(), first.Commit)
