@@ -273,13 +273,12 @@ func (p *Publisher) request(ctx context.Context, lane Lane, write bool, maxWait 
 		if stale != nil && stale() {
 			return errSuperseded
 		}
-		sent, err := p.pacer.wait(ctx, lane, write, maxWait)
-		if err != nil {
+		a := &attempt{p: p, lane: lane, write: write, maxWait: maxWait}
+		if err := a.next(ctx); err != nil {
 			return err
 		}
-		err = op(ctx)
-		limits := p.limits()
-		p.pacer.done(limits)
+		err := op(context.WithValue(ctx, attemptKey{}, a))
+		limits := a.finish()
 		var re *RetryableError
 		if err == nil || !errors.As(err, &re) {
 			return err
@@ -287,7 +286,7 @@ func (p *Publisher) request(ctx context.Context, lane Lane, write bool, maxWait 
 		if re.After > 0 {
 			// Whoever asks next would be refused too: every lane waits, as long as the
 			// forge asked and at most MaxPause.
-			p.pacer.refused(min(re.After, p.opts.MaxPause), limits, sent)
+			p.pacer.refused(min(re.After, p.opts.MaxPause), limits, a.sent)
 			if re.After > maxWait {
 				return fmt.Errorf("%w; the forge asked to wait %s, more than %s", err, re.After, maxWait)
 			}
@@ -310,6 +309,60 @@ func (p *Publisher) request(ctx context.Context, lane Lane, write bool, maxWait 
 		case <-t.C():
 		}
 	}
+}
+
+// attempt is one attempt at an operation on the forge (a post, a read of every page),
+// whose requests go one after another, each in its turn (NextRequest).
+type attempt struct {
+	p       *Publisher
+	lane    Lane
+	write   bool
+	maxWait time.Duration
+	// sent is when its newest request went; open is set while that request runs.
+	sent time.Time
+	open bool
+}
+
+type attemptKey struct{}
+
+// next ends the attempt's running request, if any, and waits for the next one's turn.
+func (a *attempt) next(ctx context.Context) error {
+	a.finish()
+	sent, err := a.p.pacer.wait(ctx, a.lane, a.write, a.maxWait)
+	if err != nil {
+		return err
+	}
+	a.sent, a.open = sent, true
+	return nil
+}
+
+// finish ends the attempt's running request, if any, with the forge's limits it learned.
+func (a *attempt) finish() Limits {
+	limits := a.p.limits()
+	if a.open {
+		a.p.pacer.done(limits)
+		a.open = false
+	}
+	return limits
+}
+
+// NextRequest waits until the forge's limits let one more request of the operation ctx
+// belongs to go. A backend calls it before each request of a Set or a Latest after the
+// first (a further page, a cancel before a new post): the Publisher paces and counts
+// every request it makes, not only each operation's first. Outside a Publisher's
+// operation it returns at once.
+func NextRequest(ctx context.Context) error {
+	if a, ok := ctx.Value(attemptKey{}).(*attempt); ok {
+		return a.next(ctx)
+	}
+	return nil
+}
+
+// Send sends op, a request to the forge other than a status's (listing the open pull
+// requests), in the Urgent lane within the forge's limits, retried as a status's is.
+// op may call NextRequest before each further request it makes.
+func (p *Publisher) Send(ctx context.Context, op func(context.Context) error) error {
+	return p.request(ctx, Urgent, false, p.opts.MaxWait, nil, op)
 }
 
 // keyedMutex hands out one mutex per key and forgets it when nobody holds it.

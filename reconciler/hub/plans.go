@@ -40,6 +40,22 @@ func (s *Source) runPlans(ctx context.Context) {
 	}
 }
 
+// openPullRequests lists the open pull requests into the branch. The list goes to the
+// forge that keeps the statuses, so it waits its turn within the forge's limits with
+// them when the source posts statuses.
+func (s *Source) openPullRequests(ctx context.Context) (map[int]bool, error) {
+	if s.publisher == nil {
+		return s.opts.PullRequests.OpenPullRequests(ctx, s.opts.Git.Branch)
+	}
+	var numbers map[int]bool
+	err := s.publisher.Send(ctx, func(ctx context.Context) error {
+		var err error
+		numbers, err = s.opts.PullRequests.OpenPullRequests(ctx, s.opts.Git.Branch)
+		return err
+	})
+	return numbers, err
+}
+
 // syncPlans validates and renders each open pull request's head into the branch once,
 // posting its plan; it never changes anything on a worker.
 func (s *Source) syncPlans(ctx context.Context) {
@@ -53,7 +69,7 @@ func (s *Source) syncPlans(ctx context.Context) {
 	defer cancel()
 	var open func(int) bool
 	if s.opts.PullRequests != nil {
-		numbers, err := s.opts.PullRequests.OpenPullRequests(listCtx, s.opts.Git.Branch)
+		numbers, err := s.openPullRequests(listCtx)
 		if err != nil {
 			s.log.Error("listing open pull requests", "error", err)
 			return

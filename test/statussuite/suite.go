@@ -461,6 +461,92 @@ func runRateLimits(t *testing.T, newTarget func(t *testing.T) Target) {
 		t.Logf("%d statuses posted with %d requests, %d refused", n, len(tg.Forge.Requests()), refused)
 	})
 
+	t.Run("a read of many pages keeps within the forge's budget", func(t *testing.T) {
+		tg := newTarget(t)
+		c := tg.NewCommit(t)
+		// Twelve pages of the largest any forge serves, GitHub's and GitLab's hundred.
+		const contexts = 1200
+		for i := range contexts {
+			tg.Forge.Add(c, forge.Record{Context: fmt.Sprintf("flotilla/w%04d", i), State: tg.ForgeState(commitstatus.Pending)})
+		}
+		tg.SetRateLimit(limit, window)
+		p := paced(tg, commitstatus.PublisherOptions{})
+		got, err := p.Latest(ctxT(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != contexts {
+			t.Fatalf("read %d contexts, want %d", len(got), contexts)
+		}
+		if r := tg.Forge.Refused(); r != 0 {
+			t.Fatalf("the forge refused %d of the %d requests of one read", r, len(tg.Forge.Requests()))
+		}
+		t.Logf("%d contexts read with %d requests, none refused", contexts, len(tg.Forge.Requests()))
+	})
+
+	t.Run("a list of many pages of pull requests sent through the publisher keeps within the forge's budget", func(t *testing.T) {
+		tg := newTarget(t)
+		lister, ok := tg.Backend.(commitstatus.PullRequestLister)
+		if !ok || tg.SetPullRequest == nil {
+			return
+		}
+		// Twelve pages of a hundred.
+		const open = 1200
+		for n := 1; n <= open; n++ {
+			tg.SetPullRequest(t, n, "main", true)
+		}
+		tg.SetRateLimit(limit, window)
+		p := paced(tg, commitstatus.PublisherOptions{})
+		var got map[int]bool
+		err := p.Send(ctxT(t), func(ctx context.Context) error {
+			var err error
+			got, err = lister.OpenPullRequests(ctx, "main")
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != open {
+			t.Fatalf("listed %d open pull requests, want %d", len(got), open)
+		}
+		if r := tg.Forge.Refused(); r != 0 {
+			t.Fatalf("the forge refused %d of the %d requests of one list", r, len(tg.Forge.Requests()))
+		}
+		t.Logf("%d open pull requests listed with %d requests, none refused", open, len(tg.Forge.Requests()))
+	})
+
+	t.Run("statuses that replace pending ones keep within the forge's budget, however many requests each takes", func(t *testing.T) {
+		// GitLab cannot make a pending job pending again: a new description of a
+		// pending status costs a refused post, a cancel and a new post.
+		tg := newTarget(t)
+		c := tg.NewCommit(t)
+		// Three requests each, unpaced, would pass the limit threefold.
+		const n = limit
+		first := publisher(tg)
+		for i := range n {
+			publish(t, first, c, commitstatus.Status{Context: fmt.Sprintf("flotilla/w%04d", i), State: commitstatus.Pending, Description: "waiting for the agent"})
+		}
+		tg.SetRateLimit(limit, window)
+		before := len(tg.Forge.Requests())
+		p := paced(tg, commitstatus.PublisherOptions{})
+		submitWave(t, p, c, n, commitstatus.Bulk)
+		stop := run(t, p)
+		poll.Until(t, "the new descriptions posted", func() (bool, string) {
+			done := 0
+			for _, r := range tg.Forge.Latest(c) {
+				if r.Description == "waiting for the agent to apply" {
+					done++
+				}
+			}
+			return done == n, fmt.Sprintf("%d of %d posted, %d refused", done, n, tg.Forge.Refused())
+		})
+		stop()
+		if r := tg.Forge.Refused(); r != 0 {
+			t.Fatalf("the forge refused %d of %d requests", r, len(tg.Forge.Requests())-before)
+		}
+		t.Logf("%d pending statuses replaced with %d requests, none refused", n, len(tg.Forge.Requests())-before)
+	})
+
 	t.Run("a single change's status goes before the rest of a running wave", func(t *testing.T) {
 		tg := newTarget(t)
 		wave, single := tg.NewCommit(t), tg.NewCommit(t)

@@ -156,6 +156,11 @@ func (b *Backend) Set(ctx context.Context, commit string, st commitstatus.Status
 func (b *Backend) Latest(ctx context.Context, commit string) (map[string]commitstatus.Status, error) {
 	out := map[string]commitstatus.Status{}
 	for page := 1; ; page++ {
+		if page > 1 {
+			if err := commitstatus.NextRequest(ctx); err != nil {
+				return nil, b.errorf(err, "reading statuses of %s (page %d)", commit, page)
+			}
+		}
 		c, err := b.client(ctx, b.paged(page))
 		if err != nil {
 			return nil, b.errorf(err, "reading statuses of %s", commit)
@@ -216,6 +221,9 @@ func (b *Backend) OpenPullRequests(ctx context.Context, base string) (map[int]bo
 			return out, nil
 		}
 		opt.Page = resp.NextPage
+		if err := commitstatus.NextRequest(ctx); err != nil {
+			return nil, b.errorf(err, "listing open pull requests (page %d)", opt.Page)
+		}
 	}
 }
 

@@ -271,6 +271,9 @@ func (b *Backend) Latest(ctx context.Context, commit string) (map[string]commits
 			return nil, fmt.Errorf("github: %s/%s: reading statuses of %s: page %d links back to page %d", b.owner, b.repo, commit, max(opts.Page, 1), resp.NextPage)
 		}
 		opts.Page = resp.NextPage
+		if err := commitstatus.NextRequest(ctx); err != nil {
+			return nil, fmt.Errorf("github: %s/%s: reading statuses of %s (page %d): %w", b.owner, b.repo, commit, opts.Page, err)
+		}
 	}
 }
 
@@ -359,5 +362,8 @@ func (b *Backend) OpenPullRequests(ctx context.Context, base string) (map[int]bo
 			return out, nil
 		}
 		opts.Page = resp.NextPage
+		if err := commitstatus.NextRequest(ctx); err != nil {
+			return nil, fmt.Errorf("github: %s/%s: listing open pull requests (page %d): %w", b.owner, b.repo, opts.Page, err)
+		}
 	}
 }

@@ -183,11 +183,19 @@ func (b *Backend) Set(ctx context.Context, commit string, st commitstatus.Status
 func (b *Backend) reopen(ctx context.Context, commit string, st commitstatus.Status, want string, current gl.BuildStateValue) (*gl.CommitStatus, error) {
 	if current == gl.Pending || current == gl.Running {
 		// Only the state: the canceled job keeps its own description.
-		if _, err := b.post(ctx, commit, commitstatus.Status{Context: st.Context}, string(gl.Canceled), false); err != nil {
+		if _, err := b.next(ctx, commit, commitstatus.Status{Context: st.Context}, string(gl.Canceled), false); err != nil {
 			return nil, err
 		}
 	}
-	return b.post(ctx, commit, st, want, true)
+	return b.next(ctx, commit, st, want, true)
+}
+
+// next posts as post does, a further request of Set, when the Publisher lets it go.
+func (b *Backend) next(ctx context.Context, commit string, st commitstatus.Status, forgeState string, fields bool) (*gl.CommitStatus, error) {
+	if err := commitstatus.NextRequest(ctx); err != nil {
+		return nil, fmt.Errorf("gitlab: project %s, commit %s: setting %s to %s: %w", b.project, commit, st.Context, forgeState, err)
+	}
+	return b.post(ctx, commit, st, forgeState, fields)
 }
 
 func (b *Backend) post(ctx context.Context, commit string, st commitstatus.Status, forgeState string, fields bool) (*gl.CommitStatus, error) {
@@ -246,7 +254,13 @@ func (b *Backend) Latest(ctx context.Context, commit string) (map[string]commits
 		if resp.NextPage == 0 {
 			break
 		}
+		if resp.NextPage <= opt.Page {
+			return nil, fmt.Errorf("gitlab: project %s, commit %s: listing statuses: page %d links back to page %d", b.project, commit, opt.Page, resp.NextPage)
+		}
 		opt.Page = resp.NextPage
+		if err := commitstatus.NextRequest(ctx); err != nil {
+			return nil, fmt.Errorf("gitlab: project %s, commit %s: listing statuses (page %d): %w", b.project, commit, opt.Page, err)
+		}
 	}
 	out := make(map[string]commitstatus.Status, len(newest))
 	for name, cs := range newest {
@@ -294,5 +308,8 @@ func (b *Backend) OpenPullRequests(ctx context.Context, base string) (map[int]bo
 			return out, nil
 		}
 		opt.Page = resp.NextPage
+		if err := commitstatus.NextRequest(ctx); err != nil {
+			return nil, fmt.Errorf("gitlab: project %s: listing open merge requests into %s (page %d): %w", b.project, base, opt.Page, err)
+		}
 	}
 }

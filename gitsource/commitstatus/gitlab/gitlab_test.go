@@ -3,6 +3,8 @@ package gitlab_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -294,5 +296,31 @@ func TestNewRefusesIncompleteOptions(t *testing.T) {
 				t.Fatalf("error %q contains the token", err)
 			}
 		})
+	}
+}
+
+// A proxy or a broken GitLab that names as the next page one already read would keep a
+// read going for ever, its requests counted against the budget: the read fails instead,
+// saying so.
+func TestAPageThatLinksBackEndsTheRead(t *testing.T) {
+	requests := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests++
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Page", r.URL.Query().Get("page"))
+		w.Header().Set("X-Next-Page", "1")
+		_, _ = w.Write([]byte(`[{"id":` + strconv.Itoa(requests) + `,"name":"flotilla/a","status":"pending"}]`))
+	}))
+	defer srv.Close()
+	b, err := gitlab.New(gitlab.Options{URL: srv.URL, Project: "fleet/gpu-fleet", Token: "glpat-secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Latest(t.Context(), "0123456789abcdef0123456789abcdef01234567")
+	if err == nil || !strings.Contains(err.Error(), "links back to page 1") {
+		t.Fatalf("Latest = %v, want an error saying the page links back", err)
+	}
+	if requests != 1 {
+		t.Fatalf("%d requests, want the one whose answer linked back", requests)
 	}
 }
