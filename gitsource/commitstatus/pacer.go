@@ -55,7 +55,10 @@ const minRate = 1.0 / 60
 // Without one, requests go at the configured rate (none: as fast as the forge answers)
 // until the forge refuses one. A refusal pauses every lane until the time the forge
 // named; if it stated its limit, requests go at that rate from then on, and if it did
-// not (a proxy in front of Gitea), at half the rate that was refused.
+// not (a proxy in front of Gitea), at half the rate that was refused. A limit nobody
+// stated may have been a moment's (a proxy's burst allowance, a forge under load), so
+// that rate doubles every recoverAfter without a refusal, back to the configured one;
+// with none configured, the limit is lifted once the rate passes the one refused.
 //
 // Write limits (GitHub's secondary limits on content creation) are token buckets that
 // every status post takes from.
@@ -70,7 +73,10 @@ type pacer struct {
 	last    time.Time
 	paused  time.Time
 	rate    float64 // requests per second without a stated budget; 0 for no limit
-	writes  []*rate.Limiter
+	// taught is the rate the last refusal that stated no limit left, 0 for none; it
+	// holds from since on, doubling every recoverAfter.
+	taught float64
+	writes []*rate.Limiter
 	// urgent counts the Urgent requests waiting: Bulk ones wait behind them.
 	urgent int
 	// changed is closed, and replaced, whenever a waiter's answer may have changed.
@@ -84,6 +90,28 @@ type pacer struct {
 
 // recentRequests is how many of the last requests measure the rate a forge refused.
 const recentRequests = 32
+
+// recoverAfter is how long a rate taught by a refusal that stated no limit holds before
+// it doubles.
+const recoverAfter = 5 * time.Minute
+
+// rateAt is the rate requests go at without a stated budget, at now; 0 for no limit.
+// The caller holds p.mu.
+func (p *pacer) rateAt(now time.Time) float64 {
+	if p.taught == 0 {
+		return p.rate
+	}
+	doublings := min(max(now.Sub(p.since)/recoverAfter, 0), 32)
+	r := p.taught * math.Pow(2, float64(doublings))
+	switch {
+	case p.rate > 0 && r >= p.rate:
+		return p.rate
+	case p.rate == 0 && doublings >= 2:
+		// Twice the taught rate is the one refused; past it, the limit is gone.
+		return 0
+	}
+	return r
+}
 
 func newPacer(c clock.Clock, reserve, r float64) *pacer {
 	return &pacer{clock: c, reserve: reserve, rate: r, changed: make(chan struct{})}
@@ -100,6 +128,18 @@ func (p *pacer) reserveOf(limit int) int {
 	return max(1, int(math.Ceil(float64(limit)*p.reserve)))
 }
 
+// renewal is when q's budget is taken as renewed, on this machine's clock: resetMargin
+// after the reset, and never more than a window from now. The forge's reset is never
+// further than that on its own clock; a later one is this clock lagging the forge's, and
+// a wait longer than the window could pass a caller's bound and give its status up.
+func renewal(q Quota, now time.Time) time.Time {
+	r := q.Reset.Add(resetMargin)
+	if q.Window > 0 && r.After(now.Add(q.Window)) {
+		return now.Add(q.Window)
+	}
+	return r
+}
+
 // delay is how long a request of lane must wait at now; blocked means it waits for the
 // Urgent requests ahead of it, however long they take. The caller holds p.mu.
 func (p *pacer) delay(lane Lane, write bool, now time.Time) (d time.Duration, blocked bool) {
@@ -110,7 +150,7 @@ func (p *pacer) delay(lane Lane, write bool, now time.Time) (d time.Duration, bl
 	}
 	after(p.paused)
 	q := p.limits.Quota
-	if p.limits.Stated && now.Before(q.Reset.Add(resetMargin)) {
+	if reset := renewal(q, now); p.limits.Stated && now.Before(reset) {
 		remaining := q.Remaining - p.spent
 		reserve := p.reserveOf(q.Limit)
 		usable := remaining
@@ -119,12 +159,12 @@ func (p *pacer) delay(lane Lane, write bool, now time.Time) (d time.Duration, bl
 		}
 		switch {
 		case usable <= 0:
-			after(q.Reset.Add(resetMargin))
+			after(reset)
 		case lane == Bulk || remaining <= reserve:
-			after(p.last.Add(q.Reset.Add(resetMargin).Sub(now) / time.Duration(usable)))
+			after(p.last.Add(reset.Sub(now) / time.Duration(usable)))
 		}
-	} else if p.rate > 0 {
-		after(p.last.Add(time.Duration(float64(time.Second) / p.rate)))
+	} else if r := p.rateAt(now); r > 0 {
+		after(p.last.Add(time.Duration(float64(time.Second) / r)))
 	}
 	if write {
 		for _, l := range p.writes {
@@ -213,8 +253,10 @@ func (p *pacer) learn(l Limits) {
 		// The requests still under way may not be in the stated remainder.
 		p.limits.Quota, p.limits.Stated, p.spent = l.Quota, true, p.running
 		if q := l.Quota; q.Window > 0 {
-			// What the forge is known to accept once this window is over.
+			// What the forge is known to accept once this window is over; it replaces
+			// whatever a refusal taught.
 			p.rate = float64(q.Limit-p.reserveOf(q.Limit)) / q.Window.Seconds()
+			p.taught = 0
 		}
 	}
 	if len(l.Writes) != len(p.writes) {
@@ -258,10 +300,10 @@ func (p *pacer) refused(after time.Duration, l Limits, sent time.Time) {
 		if len(sentSince) > 0 {
 			r = float64(len(sentSince)) / max(now.Sub(sentSince[0]).Seconds(), 1)
 		}
-		if p.rate > 0 {
-			r = min(r, p.rate)
+		if cur := p.rateAt(now); cur > 0 {
+			r = min(r, cur)
 		}
-		p.rate = max(r/2, minRate)
+		p.taught = max(r/2, minRate)
 	}
 	p.since = now
 	p.signal()

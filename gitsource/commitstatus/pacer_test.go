@@ -38,6 +38,9 @@ func TestThePacerSpreadsTheBudgetAndKeepsAReserve(t *testing.T) {
 			prime: func(p *pacer) { p.paused = now.Add(30 * time.Second) }, want: 30 * time.Second},
 		{name: "past the reset, requests go at the rate the forge stated", limits: Limits{Stated: true, Quota: Quota{Limit: 600, Remaining: 0, Reset: now.Add(-time.Minute), Window: time.Minute}},
 			lane: Bulk, want: time.Second * 60 / 570},
+		{name: "a reset further than a window away is this clock lagging the forge's: a window's wait at most",
+			limits: Limits{Stated: true, Quota: Quota{Limit: 100, Remaining: 0, Reset: now.Add(90 * time.Minute), Window: time.Hour}},
+			lane:   Urgent, want: time.Hour},
 		{name: "a forge that states nothing is asked at the configured rate", limits: Limits{}, lane: Bulk,
 			prime: func(p *pacer) { p.rate = 4 }, want: 250 * time.Millisecond},
 		{name: "the bulk lane waits behind an urgent request that waits", limits: stated(100, 51), lane: Bulk,
@@ -77,22 +80,89 @@ func TestARefusalTeachesThePacerARate(t *testing.T) {
 	}
 	clock.Step(2 * time.Second)
 	p.refused(time.Second, Limits{}, now)
-	if p.rate != 5 {
-		t.Fatalf("after 20 requests in 2s were refused, the rate is %v a second, want 5", p.rate)
+	if r := p.rateAt(clock.Now()); r != 5 {
+		t.Fatalf("after 20 requests in 2s were refused, the rate is %v a second, want 5", r)
 	}
 	if d, _ := p.delay(Bulk, false, clock.Now()); d != time.Second {
 		t.Fatalf("the refusal holds requests for %s, want the 1s asked", d)
 	}
 	// Another request sent before that refusal, refused too, says nothing new.
 	p.refused(time.Second, Limits{}, now)
-	if p.rate != 5 {
-		t.Fatalf("a refusal of a request sent before the last one halved the rate again, to %v", p.rate)
+	if r := p.rateAt(clock.Now()); r != 5 {
+		t.Fatalf("a refusal of a request sent before the last one halved the rate again, to %v", r)
 	}
 	clock.Step(time.Second)
 	p.refused(time.Second, Limits{Stated: true, Quota: Quota{Limit: 120, Remaining: 0, Reset: clock.Now().Add(time.Minute), Window: time.Minute}}, clock.Now())
-	if p.rate != 114.0/60 {
-		t.Fatalf("after a refusal stating 120 a minute, the rate is %v a second, want %v", p.rate, 114.0/60)
+	if r := p.rateAt(clock.Now()); r != 114.0/60 {
+		t.Fatalf("after a refusal stating 120 a minute, the rate is %v a second, want %v", r, 114.0/60)
 	}
+	clock.Step(time.Hour)
+	if r := p.rateAt(clock.Now()); r != 114.0/60 {
+		t.Fatalf("an hour after a refusal stating 120 a minute, the rate is %v a second, want it kept at %v", r, 114.0/60)
+	}
+}
+
+// A rate a refusal taught without a stated limit may have been a moment's: it doubles
+// every recoverAfter without another refusal, back to the configured rate, or, with
+// none, to no limit once past the rate refused. A wave that met a proxy's burst limit
+// once does not go at half speed for good.
+func TestARateARefusalTaughtRecovers(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name       string
+		configured float64
+		// want is the rate at each recoverAfter after the refusal, the first at once.
+		want []float64
+	}{
+		{name: "back to the configured rate", configured: 8, want: []float64{4, 8, 8}},
+		{name: "with none configured, no limit once past the rate refused", want: []float64{5, 10, 0, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := clocktesting.NewFakeClock(now)
+			p := newPacer(clock, 0.05, tt.configured)
+			// 20 requests in 2 seconds, refused: 10 a second, or the configured rate if
+			// lower, was too fast.
+			for range 20 {
+				p.start(false, clock.Now())
+				p.done(Limits{})
+				clock.Step(100 * time.Millisecond)
+			}
+			p.refused(time.Second, Limits{}, clock.Now())
+			for i, want := range tt.want {
+				if got := p.rateAt(clock.Now()); got != want {
+					t.Fatalf("%s after the refusal, the rate is %v a second, want %v", time.Duration(i)*recoverAfter, got, want)
+				}
+				clock.Step(recoverAfter)
+			}
+		})
+	}
+
+	t.Run("a refusal while recovering halves the rate reached", func(t *testing.T) {
+		clock := clocktesting.NewFakeClock(now)
+		p := newPacer(clock, 0.05, 0)
+		for range 20 {
+			p.start(false, clock.Now())
+			p.done(Limits{})
+			clock.Step(100 * time.Millisecond)
+		}
+		p.refused(time.Second, Limits{}, clock.Now())
+		clock.Step(recoverAfter)
+		// At 10 a second again, 40 requests in 4 seconds are refused.
+		for range 40 {
+			p.start(false, clock.Now())
+			p.done(Limits{})
+			clock.Step(100 * time.Millisecond)
+		}
+		p.refused(time.Second, Limits{}, clock.Now())
+		if got := p.rateAt(clock.Now()); got != 5 {
+			t.Fatalf("after a refusal at 10 a second, the rate is %v, want 5", got)
+		}
+		clock.Step(recoverAfter)
+		if got := p.rateAt(clock.Now()); got != 10 {
+			t.Fatalf("%s after that refusal, the rate is %v, want 10", recoverAfter, got)
+		}
+	})
 }
 
 func TestTheQuotaTrackerReadsTheForgesHeaders(t *testing.T) {

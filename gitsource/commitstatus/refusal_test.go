@@ -31,8 +31,8 @@ func TestARefusalAfterAQuietHourHalvesTheBurstsRate(t *testing.T) {
 		}
 	}
 	p.refused(time.Second, Limits{}, sent)
-	if p.rate < 10 {
+	if r := p.rateAt(clock.Now()); r < 10 {
 		t.Fatalf("after a burst of 100 requests a second was refused, the pacer goes on at %.4f requests a second (one every %s), want at least 10",
-			p.rate, time.Duration(float64(time.Second)/p.rate).Round(time.Second))
+			r, time.Duration(float64(time.Second)/r).Round(time.Second))
 	}
 }

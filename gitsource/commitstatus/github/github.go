@@ -51,10 +51,18 @@ func secondaryWaitOf(abuse *gh.AbuseRateLimitError, now time.Time) time.Duration
 	}
 	if h.Get(gh.HeaderRateRemaining) == "0" {
 		if s, err := strconv.ParseInt(h.Get(gh.HeaderRateReset), 10, 64); err == nil {
-			return max(time.Unix(s, 0).Sub(now), 0)
+			return untilReset(time.Unix(s, 0), now)
 		}
 	}
 	return secondaryWait
+}
+
+// untilReset is the wait until GitHub's budget renews at reset. GitHub's reset is never
+// more than RateWindow away on its own clock: a later one is this machine's clock lagging
+// GitHub's, and a wait of a window outlasts the true one, where a longer one could pass
+// the Publisher's bound and give a status up.
+func untilReset(reset, now time.Time) time.Duration {
+	return min(max(reset.Sub(now), 0), RateWindow)
 }
 
 // Options say which repository to keep statuses on and how to authenticate. Exactly one
@@ -297,7 +305,7 @@ func classify(resp *gh.Response, err error) error {
 		return commitstatus.Retryable(err, secondaryWaitOf(abuse, now))
 	}
 	if rate, ok := errors.AsType[*gh.RateLimitError](err); ok {
-		return commitstatus.Retryable(err, max(rate.Rate.Reset.Sub(now), 0))
+		return commitstatus.Retryable(err, untilReset(rate.Rate.Reset.Time, now))
 	}
 	if er, ok := errors.AsType[*gh.ErrorResponse](err); ok && er.Response != nil {
 		switch code := er.Response.StatusCode; {

@@ -1,6 +1,7 @@
 package github
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -24,14 +25,20 @@ func TestASecondaryLimitWaitsAsGitHubSays(t *testing.T) {
 		name       string
 		retryAfter string
 		remaining  string
-		min, max   time.Duration
+		// resetIn is how far the primary budget's reset is from now on this clock:
+		// 50 minutes unless set.
+		resetIn  time.Duration
+		min, max time.Duration
 	}{
 		{name: "without Retry-After, with budget left: a minute", remaining: "4990", min: time.Minute, max: time.Minute},
 		{name: "with Retry-After: its seconds", retryAfter: "90", remaining: "4990", min: 90 * time.Second, max: 90 * time.Second},
 		{name: "without Retry-After, the budget spent: until its reset", remaining: "0", min: 49 * time.Minute, max: 50 * time.Minute},
+		// A reset GitHub names is at most its hour away on GitHub's clock; one further
+		// is this clock lagging, and a wait past the hour would give the status up.
+		{name: "a reset further than an hour away: an hour", remaining: "0", resetIn: 90 * time.Minute, min: time.Hour, max: time.Hour},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			reset := time.Now().Add(50 * time.Minute)
+			reset := time.Now().Add(cmp.Or(tc.resetIn, 50*time.Minute))
 			requests := 0
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				requests++
