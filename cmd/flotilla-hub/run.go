@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -134,8 +135,10 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 
 	mux := http.NewServeMux()
 	var sources []*hub.Source
+	// Sources that post statuses with one credential share its budget at the forge.
+	budgets := map[string]*commitstatus.Budget{}
 	for _, sc := range cfg.Sources {
-		src, err := addSource(ctx, h, sc, cfg, m)
+		src, err := addSource(ctx, h, sc, cfg, m, budgets)
 		if err != nil {
 			return fmt.Errorf("source %s: %w", sc.Name, err)
 		}
@@ -252,7 +255,7 @@ func loadIdentities(files []string) (*secrets.Identities, error) {
 	return secrets.ParseIdentities(strings.Join(files, ", "), io.MultiReader(readers...))
 }
 
-func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m *metrics) (*hub.Source, error) {
+func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m *metrics, budgets map[string]*commitstatus.Budget) (*hub.Source, error) {
 	fetch := cfg.Heads.Fetch
 	opts := gitsource.Options{URL: sc.URL, Branch: sc.Branch,
 		BranchLimits:      gitsource.Limits{Bytes: fetch.Branch.MaxBytes, Objects: fetch.Branch.MaxObjects},
@@ -271,9 +274,16 @@ func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m 
 		}
 		opts.TrustedKeys = string(ring)
 	}
-	backend, err := statusBackend(ctx, sc, opts)
+	backend, credential, err := statusBackend(ctx, sc, opts)
 	if err != nil {
 		return nil, fmt.Errorf("statuses: %w", err)
+	}
+	var budget *commitstatus.Budget
+	if credential != "" {
+		if budgets[credential] == nil {
+			budgets[credential] = commitstatus.NewBudget()
+		}
+		budget = budgets[credential]
 	}
 	// The forge, when it can say, names the open pull requests; closed ones keep
 	// their refs forever.
@@ -283,7 +293,7 @@ func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m 
 		backend = m.countStatuses(sc.Name, backend)
 	}
 	threshold := cmp.Or(sc.Statuses.SummaryThreshold, cfg.Statuses.SummaryThreshold)
-	src, err := h.AddSource(hub.SourceOptions{Name: sc.Name, Git: opts, Tenant: sc.Tenant, Namespace: sc.Namespace, Statuses: backend, Limits: limits,
+	src, err := h.AddSource(hub.SourceOptions{Name: sc.Name, Git: opts, Tenant: sc.Tenant, Namespace: sc.Namespace, Statuses: backend, Limits: limits, Budget: budget,
 		SummaryThreshold: threshold, Poll: time.Duration(sc.Poll), PullRequests: lister})
 	if err != nil {
 		return nil, err
@@ -292,47 +302,62 @@ func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m 
 	return src, nil
 }
 
-func statusBackend(ctx context.Context, sc SourceConfig, git gitsource.Options) (commitstatus.Backend, error) {
+// statusBackend is the backend that keeps sc's statuses, and the credential it posts
+// with, named so that two sources with the same one share its budget at the forge: the
+// kind, the API root and a hash of the token or the GitHub App installation. Empty for
+// a backend without a forge's limits.
+func statusBackend(ctx context.Context, sc SourceConfig, git gitsource.Options) (commitstatus.Backend, string, error) {
 	s := sc.Statuses
-	token := func() (string, error) {
+	token := func() (string, string, error) {
 		if s.TokenFile == "" {
-			return "", errors.New("tokenFile is required")
+			return "", "", errors.New("tokenFile is required")
 		}
-		return readSecret(s.TokenFile)
+		t, err := readSecret(s.TokenFile)
+		if err != nil {
+			return "", "", err
+		}
+		sum := sha256.Sum256([]byte(t))
+		return t, fmt.Sprintf("%s %s token %x", s.Kind, s.URL, sum), nil
 	}
 	switch s.Kind {
 	case "none":
-		return nil, nil
+		return nil, "", nil
 	case "notes":
-		return gitnotes.New(gitnotes.Options{URL: git.URL, Auth: git.Auth})
+		b, err := gitnotes.New(gitnotes.Options{URL: git.URL, Auth: git.Auth})
+		return b, "", err
 	case "github":
 		opts := github.Options{BaseURL: s.URL, Owner: s.Owner, Repo: s.Repo}
+		var credential string
 		if s.AppID != 0 {
 			key, err := os.ReadFile(s.PrivateKeyFile)
 			if err != nil {
-				return nil, err
+				return nil, "", err
 			}
 			opts.App = &github.App{AppID: s.AppID, InstallationID: s.InstallationID, PrivateKey: key}
+			credential = fmt.Sprintf("github %s app %d installation %d", s.URL, s.AppID, s.InstallationID)
 		} else {
-			t, err := token()
+			t, c, err := token()
 			if err != nil {
-				return nil, err
+				return nil, "", err
 			}
-			opts.Token = t
+			opts.Token, credential = t, c
 		}
-		return github.New(opts)
+		b, err := github.New(opts)
+		return b, credential, err
 	case "gitea":
-		t, err := token()
+		t, credential, err := token()
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
-		return gitea.New(ctx, gitea.Options{URL: s.URL, Owner: s.Owner, Repo: s.Repo, Token: t})
+		b, err := gitea.New(ctx, gitea.Options{URL: s.URL, Owner: s.Owner, Repo: s.Repo, Token: t})
+		return b, credential, err
 	case "gitlab":
-		t, err := token()
+		t, credential, err := token()
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
-		return gitlab.New(gitlab.Options{URL: s.URL, Project: s.Project, Token: t})
+		b, err := gitlab.New(gitlab.Options{URL: s.URL, Project: s.Project, Token: t})
+		return b, credential, err
 	}
-	return nil, fmt.Errorf("unknown kind %q", s.Kind)
+	return nil, "", fmt.Errorf("unknown kind %q", s.Kind)
 }

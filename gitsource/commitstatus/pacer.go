@@ -249,7 +249,7 @@ func (p *pacer) done(l Limits) {
 
 // learn takes in a backend's limits. The caller holds p.mu.
 func (p *pacer) learn(l Limits) {
-	if l.Stated && (!p.limits.Stated || l.Quota != p.limits.Quota) {
+	if l.Stated && (!p.limits.Stated || newer(l.Quota, p.limits.Quota)) {
 		// The requests still under way may not be in the stated remainder.
 		p.limits.Quota, p.limits.Stated, p.spent = l.Quota, true, p.running
 		if q := l.Quota; q.Window > 0 {
@@ -271,6 +271,17 @@ func (p *pacer) learn(l Limits) {
 			}
 		}
 	}
+}
+
+// newer reports whether q states the budget after cur did. Answers to Publishers
+// sharing a Budget arrive through backends of their own, each with the newest it read:
+// within one window (the same reset) the smaller remainder is the newer, and a later
+// reset is a new window.
+func newer(q, cur Quota) bool {
+	if !q.Reset.Equal(cur.Reset) {
+		return q.Reset.After(cur.Reset)
+	}
+	return q.Remaining < cur.Remaining || q.Limit != cur.Limit
 }
 
 // refused records that the forge refused a request sent at sent for a rate limit and

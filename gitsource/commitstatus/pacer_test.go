@@ -212,3 +212,29 @@ func TestTheQuotaTrackerReadsTheForgesHeaders(t *testing.T) {
 		})
 	}
 }
+
+// Publishers sharing a Budget report what their own backends read: an older answer
+// through one must not give back what a newer one through the other counted off.
+func TestAnOlderStatementOfTheBudgetIsNotTakenBack(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	reset := now.Add(time.Hour)
+	p := newPacer(clocktesting.NewFakeClock(now), 0.05, 0)
+	steps := []struct {
+		name          string
+		remaining     int
+		reset         time.Time
+		wantRemaining int
+	}{
+		{"the first statement", 100, reset, 100},
+		{"a newer one, with less left", 40, reset, 40},
+		{"an older one, through the other backend", 90, reset, 40},
+		{"a new window", 5000, reset.Add(time.Hour), 5000},
+		{"the old window's, late", 10, reset, 5000},
+	}
+	for _, s := range steps {
+		p.setLimits(Limits{Stated: true, Quota: Quota{Limit: 5000, Remaining: s.remaining, Reset: s.reset, Window: time.Hour}})
+		if got := p.limits.Quota.Remaining; got != s.wantRemaining {
+			t.Fatalf("after %s, the pacer takes %d as left, want %d", s.name, got, s.wantRemaining)
+		}
+	}
+}

@@ -44,6 +44,10 @@ type PublisherOptions struct {
 	// MaxQueued bounds the statuses waiting to be posted; past it the oldest Bulk one
 	// is dropped (its cluster posts again on its next change). Default 100,000.
 	MaxQueued int
+	// Budget, when set, is the forge credential's budget this Publisher shares with
+	// the others that post with the same credential (see Budget); the first of them to
+	// use it sets its Rate, Reserve and Clock. Nil for a budget of its own.
+	Budget *Budget
 	// Clock defaults to the real one.
 	Clock clock.Clock
 	Log   *slog.Logger
@@ -118,10 +122,33 @@ func NewPublisher(b Backend, opts PublisherOptions) *Publisher {
 	if opts.Limits == nil {
 		opts.Limits, _ = b.(Limited)
 	}
-	p := &Publisher{backend: b, opts: opts, commits: lru.New(opts.Commits), pacer: newPacer(opts.Clock, opts.Reserve, opts.Rate)}
+	p := &Publisher{backend: b, opts: opts, commits: lru.New(opts.Commits), pacer: opts.Budget.pacerFor(opts)}
 	p.queue = newQueue(p, opts.MaxQueued)
 	p.pacer.setLimits(p.limits())
 	return p
+}
+
+// Budget is the rate limits of one forge credential, shared by every Publisher that
+// posts with it. A forge counts a token's requests together, whichever repository or
+// branch they are for (GitHub's hourly budget and its limits on content creation are a
+// user's or an app installation's): Publishers pacing apart would each spend the whole
+// budget. It is safe for concurrent use.
+type Budget struct {
+	once  sync.Once
+	pacer *pacer
+}
+
+// NewBudget returns a budget no Publisher uses yet.
+func NewBudget() *Budget { return &Budget{} }
+
+// pacerFor is the pacer of b, made with opts' settings on first use; a new one of its
+// own when b is nil.
+func (b *Budget) pacerFor(opts PublisherOptions) *pacer {
+	if b == nil {
+		return newPacer(opts.Clock, opts.Reserve, opts.Rate)
+	}
+	b.once.Do(func() { b.pacer = newPacer(opts.Clock, opts.Reserve, opts.Rate) })
+	return b.pacer
 }
 
 func (p *Publisher) limits() Limits {

@@ -38,6 +38,9 @@ type SourceOptions struct {
 	// Limits reads the forge's rate limits when Statuses wraps a backend that knows
 	// them (for metrics); nil reads them from Statuses itself.
 	Limits commitstatus.Limited
+	// Budget, when set, is the forge credential's budget the source shares with the
+	// other sources posting with that credential (commitstatus.Budget).
+	Budget *commitstatus.Budget
 	// SummaryThreshold is how many clusters a change may touch and still get a status
 	// per cluster; a larger one gets them only for the clusters that fail, beside the
 	// fleet's summary (status_book.go). Zero means DefaultSummaryThreshold; negative
@@ -129,7 +132,7 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 		planWake: make(chan struct{}, 1), dispatchWake: make(chan struct{}, 1), quotas: map[string]corev1.ResourceList{}, registered: map[string]bool{}, poolFull: map[string]string{}}
 	s.book = newStatusBook(opts.SummaryThreshold)
 	if opts.Statuses != nil {
-		s.publisher = commitstatus.NewPublisher(opts.Statuses, commitstatus.PublisherOptions{Log: s.log, Limits: opts.Limits})
+		s.publisher = commitstatus.NewPublisher(opts.Statuses, commitstatus.PublisherOptions{Log: s.log, Limits: opts.Limits, Budget: opts.Budget})
 	}
 	s.poller = gitsource.NewPoller(opts.Poll, 0.1, func(ctx context.Context) {
 		began := time.Now()

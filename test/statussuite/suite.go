@@ -48,6 +48,10 @@ type Target struct {
 	// others, as it does (or, for Gitea, as a proxy in front of it does); nil for a
 	// backend with no forge.
 	SetRateLimit func(limit int, window time.Duration)
+	// Another returns a second backend on the target's forge with the same credentials,
+	// as a second source posting with the same token has; nil for a backend with no
+	// forge.
+	Another func(t *testing.T) commitstatus.Backend
 	// StatesBudget is set when the forge states its budget on the answers it accepts
 	// (GitHub); the others state it when they refuse (GitLab) or never (Gitea), so
 	// their publisher is told the rate to keep within, as an operator would.
@@ -545,6 +549,31 @@ func runRateLimits(t *testing.T, newTarget func(t *testing.T) Target) {
 			t.Fatalf("the forge refused %d of %d requests", r, len(tg.Forge.Requests())-before)
 		}
 		t.Logf("%d pending statuses replaced with %d requests, none refused", n, len(tg.Forge.Requests())-before)
+	})
+
+	t.Run("publishers posting with one credential share its budget and none is refused", func(t *testing.T) {
+		// Two sources, on two repositories or two branches, with one token: the forge
+		// counts their requests together.
+		tg := newTarget(t)
+		c1, c2 := tg.NewCommit(t), tg.NewCommit(t)
+		tg.SetRateLimit(limit, window)
+		budget := commitstatus.NewBudget()
+		p1 := paced(tg, commitstatus.PublisherOptions{Budget: budget})
+		p2 := paced(Target{Backend: tg.Another(t), StatesBudget: tg.StatesBudget}, commitstatus.PublisherOptions{Budget: budget})
+		const n = limit / 2
+		submitWave(t, p1, c1, n, commitstatus.Bulk)
+		submitWave(t, p2, c2, n, commitstatus.Bulk)
+		run(t, p1)
+		run(t, p2)
+		// Apart, each would go at the whole rate (Gitea, GitLab) and the forge would
+		// refuse; GitHub's budget is spread over its window, and its limits on content
+		// creation, which the test server does not enforce, are what the sharing keeps.
+		waitPosted(t, tg, c1, n)
+		waitPosted(t, tg, c2, n)
+		if r := tg.Forge.Refused(); r != 0 {
+			t.Fatalf("the forge refused %d of %d requests", r, len(tg.Forge.Requests()))
+		}
+		t.Logf("%d statuses posted by two publishers with %d requests, none refused", 2*n, len(tg.Forge.Requests()))
 	})
 
 	t.Run("a single change's status goes before the rest of a running wave", func(t *testing.T) {

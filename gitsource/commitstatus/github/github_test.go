@@ -21,6 +21,7 @@ func TestSuite(t *testing.T) {
 		srv := githubtest.Start(t)
 		return statussuite.Target{
 			Backend:          newBackend(t, srv, Options{Token: srv.Token}),
+			Another:          func(t *testing.T) commitstatus.Backend { return newBackend(t, srv, Options{Token: srv.Token}) },
 			NewCommit:        func(*testing.T) string { return srv.NewCommit() },
 			Count:            func(_ *testing.T, commit, context string) int { return srv.Store.Count(commit, context) },
 			DescriptionLimit: DescriptionLimit,
