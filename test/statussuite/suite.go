@@ -476,16 +476,7 @@ func runRateLimits(t *testing.T, newTarget func(t *testing.T) Target) {
 		tg.SetRateLimit(limit, window)
 		p := paced(tg, commitstatus.PublisherOptions{})
 		got, err := p.Latest(ctxT(t), c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(got) != contexts {
-			t.Fatalf("read %d contexts, want %d", len(got), contexts)
-		}
-		if r := tg.Forge.Refused(); r != 0 {
-			t.Fatalf("the forge refused %d of the %d requests of one read", r, len(tg.Forge.Requests()))
-		}
-		t.Logf("%d contexts read with %d requests, none refused", contexts, len(tg.Forge.Requests()))
+		checkRead(t, tg, "contexts", contexts, len(got), err)
 	})
 
 	t.Run("a list of many pages of pull requests sent through the publisher keeps within the forge's budget", func(t *testing.T) {
@@ -507,16 +498,7 @@ func runRateLimits(t *testing.T, newTarget func(t *testing.T) Target) {
 			got, err = lister.OpenPullRequests(ctx, "main")
 			return err
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(got) != open {
-			t.Fatalf("listed %d open pull requests, want %d", len(got), open)
-		}
-		if r := tg.Forge.Refused(); r != 0 {
-			t.Fatalf("the forge refused %d of the %d requests of one list", r, len(tg.Forge.Requests()))
-		}
-		t.Logf("%d open pull requests listed with %d requests, none refused", open, len(tg.Forge.Requests()))
+		checkRead(t, tg, "open pull requests", open, len(got), err)
 	})
 
 	t.Run("statuses that replace pending ones keep within the forge's budget, however many requests each takes", func(t *testing.T) {
@@ -613,6 +595,22 @@ func runRateLimits(t *testing.T, newTarget func(t *testing.T) Target) {
 		}
 		t.Logf("the single change's status was posted after %d more of the wave's, with %d of %d of the wave posted", before, len(tg.Forge.Latest(wave)), n)
 	})
+}
+
+// checkRead checks a read of many pages: it succeeded, found all want items and had
+// none of its requests refused.
+func checkRead(t *testing.T, tg Target, what string, want, got int, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("read %d %s, want %d", got, what, want)
+	}
+	if r := tg.Forge.Refused(); r != 0 {
+		t.Fatalf("the forge refused %d of the %d requests of one read", r, len(tg.Forge.Requests()))
+	}
+	t.Logf("%d %s read with %d requests, none refused", want, what, len(tg.Forge.Requests()))
 }
 
 // submitWave queues n statuses of distinct contexts on commit.
