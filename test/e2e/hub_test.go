@@ -40,39 +40,23 @@ import (
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
+	"github.com/flotilla-gitops/flotilla/test/gobuild"
 	"github.com/flotilla-gitops/flotilla/test/logtest"
 	"github.com/flotilla-gitops/flotilla/test/sopstest"
 )
 
 var (
-	buildMu  sync.Mutex
-	binaries = map[string]string{}
+	binsOnce sync.Once
+	// bins builds the commands the tests run as processes, into the hub plane's
+	// directory, which goes when the test process ends.
+	bins gobuild.Cache
 )
 
 // builtBinary builds one of the commands once per test process.
 func builtBinary(t testing.TB, name string) string {
 	t.Helper()
-	buildMu.Lock()
-	defer buildMu.Unlock()
-	if p, ok := binaries[name]; ok {
-		return p
-	}
-	dir, err := os.MkdirTemp("", "flotilla-bin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, name)
-	args := []string{"build", "-o", out}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	cmd := exec.Command("go", append(args, "./cmd/"+name)...)
-	cmd.Dir = "../.."
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building %s: %v\n%s", name, err, b)
-	}
-	binaries[name] = out
-	return out
+	binsOnce.Do(func() { bins.Dir, bins.Race = planes[0].Dir(), raceEnabled })
+	return bins.Binary(t, name)
 }
 
 func cli(t testing.TB, args ...string) string {
