@@ -74,9 +74,13 @@ type pacer struct {
 	paused  time.Time
 	rate    float64 // requests per second without a stated budget; 0 for no limit
 	// taught is the rate the last refusal that stated no limit left, 0 for none; it
-	// holds from since on, doubling every recoverAfter.
-	taught float64
-	writes []*rate.Limiter
+	// holds from taughtFrom, the end of the pause that refusal asked for, doubling every
+	// recoverAfter.
+	taught     float64
+	taughtFrom time.Time
+	// renewed is when the stated budget is taken as renewed (see renewal).
+	renewed time.Time
+	writes  []*rate.Limiter
 	// urgent counts the Urgent requests waiting: Bulk ones wait behind them.
 	urgent int
 	// changed is closed, and replaced, whenever a waiter's answer may have changed.
@@ -101,7 +105,7 @@ func (p *pacer) rateAt(now time.Time) float64 {
 	if p.taught == 0 {
 		return p.rate
 	}
-	doublings := min(max(now.Sub(p.since)/recoverAfter, 0), 32)
+	doublings := min(max(now.Sub(p.taughtFrom)/recoverAfter, 0), 32)
 	r := p.taught * math.Pow(2, float64(doublings))
 	switch {
 	case p.rate > 0 && r >= p.rate:
@@ -128,10 +132,11 @@ func (p *pacer) reserveOf(limit int) int {
 	return max(1, int(math.Ceil(float64(limit)*p.reserve)))
 }
 
-// renewal is when q's budget is taken as renewed, on this machine's clock: resetMargin
-// after the reset, and never more than a window from now. The forge's reset is never
-// further than that on its own clock; a later one is this clock lagging the forge's, and
-// a wait longer than the window could pass a caller's bound and give its status up.
+// renewal is when q's budget, stated at now, is taken as renewed on this machine's
+// clock: resetMargin after the reset, and never more than a window after now. The
+// forge's reset is never further than that on its own clock; a later one is this clock
+// lagging the forge's, and a wait longer than the window could pass a caller's bound and
+// give its status up.
 func renewal(q Quota, now time.Time) time.Time {
 	r := q.Reset.Add(resetMargin)
 	if q.Window > 0 && r.After(now.Add(q.Window)) {
@@ -150,7 +155,7 @@ func (p *pacer) delay(lane Lane, write bool, now time.Time) (d time.Duration, bl
 	}
 	after(p.paused)
 	q := p.limits.Quota
-	if reset := renewal(q, now); p.limits.Stated && now.Before(reset) {
+	if reset := p.renewed; p.limits.Stated && now.Before(reset) {
 		remaining := q.Remaining - p.spent
 		reserve := p.reserveOf(q.Limit)
 		usable := remaining
@@ -252,6 +257,7 @@ func (p *pacer) learn(l Limits) {
 	if l.Stated && (!p.limits.Stated || newer(l.Quota, p.limits.Quota)) {
 		// The requests still under way may not be in the stated remainder.
 		p.limits.Quota, p.limits.Stated, p.spent = l.Quota, true, p.running
+		p.renewed = renewal(l.Quota, p.clock.Now())
 		if q := l.Quota; q.Window > 0 {
 			// What the forge is known to accept once this window is over; it replaces
 			// whatever a refusal taught.
@@ -281,7 +287,7 @@ func newer(q, cur Quota) bool {
 	if !q.Reset.Equal(cur.Reset) {
 		return q.Reset.After(cur.Reset)
 	}
-	return q.Remaining < cur.Remaining || q.Limit != cur.Limit
+	return q.Remaining < cur.Remaining
 }
 
 // refused records that the forge refused a request sent at sent for a rate limit and
@@ -315,6 +321,8 @@ func (p *pacer) refused(after time.Duration, l Limits, sent time.Time) {
 			r = min(r, cur)
 		}
 		p.taught = max(r/2, minRate)
+		// The pause is no time at the taught rate.
+		p.taughtFrom = p.paused
 	}
 	p.since = now
 	p.signal()

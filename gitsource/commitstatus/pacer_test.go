@@ -103,35 +103,42 @@ func TestARefusalTeachesThePacerARate(t *testing.T) {
 }
 
 // A rate a refusal taught without a stated limit may have been a moment's: it doubles
-// every recoverAfter without another refusal, back to the configured rate, or, with
-// none, to no limit once past the rate refused. A wave that met a proxy's burst limit
-// once does not go at half speed for good.
+// every recoverAfter without another refusal, counted from the end of the pause the
+// refusal asked for, back to the configured rate, or, with none, to no limit once past
+// the rate refused. A wave that met a proxy's burst limit once does not go at half speed
+// for good, and a long pause does not stand for time at the taught rate.
 func TestARateARefusalTaughtRecovers(t *testing.T) {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	// refuse has n requests go, ten a second, and the forge refuse the last, asking
+	// for pause: 10 a second, or the configured rate if lower, was too fast.
+	refuse := func(p *pacer, clock *clocktesting.FakeClock, n int, pause time.Duration) {
+		for range n {
+			p.start(false, clock.Now())
+			p.done(Limits{})
+			clock.Step(100 * time.Millisecond)
+		}
+		p.refused(pause, Limits{}, clock.Now())
+	}
 	tests := []struct {
 		name       string
 		configured float64
-		// want is the rate at each recoverAfter after the refusal, the first at once.
+		pause      time.Duration
+		// want is the rate at the end of the pause and every recoverAfter after it.
 		want []float64
 	}{
-		{name: "back to the configured rate", configured: 8, want: []float64{4, 8, 8}},
-		{name: "with none configured, no limit once past the rate refused", want: []float64{5, 10, 0, 0}},
+		{name: "back to the configured rate", configured: 8, pause: time.Second, want: []float64{4, 8, 8}},
+		{name: "with none configured, no limit once past the rate refused", pause: time.Second, want: []float64{5, 10, 0, 0}},
+		{name: "a pause longer than recoverAfter is no time at the taught rate", pause: 2 * recoverAfter, want: []float64{5, 10, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clock := clocktesting.NewFakeClock(now)
 			p := newPacer(clock, 0.05, tt.configured)
-			// 20 requests in 2 seconds, refused: 10 a second, or the configured rate if
-			// lower, was too fast.
-			for range 20 {
-				p.start(false, clock.Now())
-				p.done(Limits{})
-				clock.Step(100 * time.Millisecond)
-			}
-			p.refused(time.Second, Limits{}, clock.Now())
+			refuse(p, clock, 20, tt.pause)
+			clock.Step(tt.pause)
 			for i, want := range tt.want {
 				if got := p.rateAt(clock.Now()); got != want {
-					t.Fatalf("%s after the refusal, the rate is %v a second, want %v", time.Duration(i)*recoverAfter, got, want)
+					t.Fatalf("%s after the pause, the rate is %v a second, want %v", time.Duration(i)*recoverAfter, got, want)
 				}
 				clock.Step(recoverAfter)
 			}
@@ -141,28 +148,35 @@ func TestARateARefusalTaughtRecovers(t *testing.T) {
 	t.Run("a refusal while recovering halves the rate reached", func(t *testing.T) {
 		clock := clocktesting.NewFakeClock(now)
 		p := newPacer(clock, 0.05, 0)
-		for range 20 {
-			p.start(false, clock.Now())
-			p.done(Limits{})
-			clock.Step(100 * time.Millisecond)
-		}
-		p.refused(time.Second, Limits{}, clock.Now())
-		clock.Step(recoverAfter)
+		refuse(p, clock, 20, time.Second)
+		clock.Step(time.Second + recoverAfter)
 		// At 10 a second again, 40 requests in 4 seconds are refused.
-		for range 40 {
-			p.start(false, clock.Now())
-			p.done(Limits{})
-			clock.Step(100 * time.Millisecond)
-		}
-		p.refused(time.Second, Limits{}, clock.Now())
+		refuse(p, clock, 40, time.Second)
+		clock.Step(time.Second)
 		if got := p.rateAt(clock.Now()); got != 5 {
 			t.Fatalf("after a refusal at 10 a second, the rate is %v, want 5", got)
 		}
 		clock.Step(recoverAfter)
 		if got := p.rateAt(clock.Now()); got != 10 {
-			t.Fatalf("%s after that refusal, the rate is %v, want 10", recoverAfter, got)
+			t.Fatalf("%s after that refusal's pause, the rate is %v, want 10", recoverAfter, got)
 		}
 	})
+}
+
+// With this machine's clock two hours behind the forge's, the reset the forge names is
+// three hours away here, though it is at most the forge's window (an hour) away. The
+// wait ends a window after the budget was stated, not a window after every look at it:
+// a cap that moved with the clock would hold every status for the three hours.
+func TestALaggingClockWaitsAWindowAtMost(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	clock := clocktesting.NewFakeClock(now)
+	p := newPacer(clock, 0.05, 0)
+	p.setLimits(Limits{Stated: true, Quota: Quota{Limit: 5000, Remaining: 0, Reset: now.Add(3 * time.Hour), Window: time.Hour}})
+	for _, at := range []time.Duration{0, 30 * time.Minute, time.Hour} {
+		if d, _ := p.delay(Urgent, false, now.Add(at)); d != time.Hour-at {
+			t.Fatalf("%s after the budget was stated, a request waits %s, want %s", at, d, time.Hour-at)
+		}
+	}
 }
 
 func TestTheQuotaTrackerReadsTheForgesHeaders(t *testing.T) {
