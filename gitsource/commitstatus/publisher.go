@@ -83,6 +83,10 @@ type commitState struct {
 	// posted counts this process's posts per context, on top of what the backend held
 	// when it was read; see MaxPerContext.
 	posted map[string]int
+	// unsure marks the contexts whose last Set failed part way: what the forge holds
+	// may differ from latest (GitLab's open job canceled before the new post), so the
+	// next status is posted even if it equals latest.
+	unsure map[string]bool
 	// at is when each context was last posted by this process.
 	at map[string]time.Time
 }
@@ -192,17 +196,27 @@ func (p *Publisher) deliver(ctx context.Context, commit string, st Status, sub S
 	cs.mu.Lock()
 	cur, held := cs.latest[st.Context]
 	n := cs.posted[st.Context]
+	unsure := cs.unsure[st.Context]
 	cs.mu.Unlock()
-	if held && cur == st {
+	if held && cur == st && !unsure {
 		return false, nil
 	}
-	if sub.FailuresOnly && !held && !st.State.failing() {
+	if sub.FailuresOnly && !held && !unsure && !st.State.failing() {
 		return false, nil
 	}
 	if n >= MaxPerContext {
 		return false, fmt.Errorf("%w: %s on %s", ErrCapReached, st.Context, commit)
 	}
-	err = p.request(ctx, sub.Lane, true, maxWait, stale, func(ctx context.Context) error { return p.backend.Set(ctx, commit, st) })
+	sent := false
+	err = p.request(ctx, sub.Lane, true, maxWait, stale, func(ctx context.Context) error {
+		sent = true
+		return p.backend.Set(ctx, commit, st)
+	})
+	if err != nil && sent {
+		cs.mu.Lock()
+		cs.unsure[st.Context] = true
+		cs.mu.Unlock()
+	}
 	if errors.Is(err, errSuperseded) {
 		return false, nil
 	}
@@ -217,6 +231,7 @@ func (p *Publisher) deliver(ctx context.Context, commit string, st Status, sub S
 	}
 	cs.mu.Lock()
 	cs.latest[st.Context] = st
+	delete(cs.unsure, st.Context)
 	cs.posted[st.Context]++
 	cs.at[st.Context] = p.opts.Clock.Now()
 	cs.mu.Unlock()
@@ -271,7 +286,7 @@ func (p *Publisher) state(ctx context.Context, commit string, maxWait time.Durat
 	if err != nil {
 		return nil, fmt.Errorf("status: reading statuses of %s: %w", commit, err)
 	}
-	cs := &commitState{latest: make(map[string]Status, len(latest)), posted: map[string]int{}, at: map[string]time.Time{}}
+	cs := &commitState{latest: make(map[string]Status, len(latest)), posted: map[string]int{}, at: map[string]time.Time{}, unsure: map[string]bool{}}
 	for k, v := range latest {
 		cs.latest[k] = p.backend.Canonical(v)
 	}
@@ -353,9 +368,16 @@ type attempt struct {
 type attemptKey struct{}
 
 // next ends the attempt's running request, if any, and waits for the next one's turn.
+// Only the first request of an attempt waits in its lane: the others go as Urgent ones,
+// since the forge may hold the operation half done until they go (GitLab's open job
+// canceled before the new post), and a Bulk one would wait behind every Urgent request.
 func (a *attempt) next(ctx context.Context) error {
+	lane := a.lane
+	if !a.sent.IsZero() {
+		lane = Urgent
+	}
 	a.finish()
-	sent, err := a.p.pacer.wait(ctx, a.lane, a.write, a.maxWait)
+	sent, err := a.p.pacer.wait(ctx, lane, a.write, a.maxWait)
 	if err != nil {
 		return err
 	}

@@ -1,8 +1,10 @@
 package gitlab_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -323,5 +325,62 @@ func TestAPageThatLinksBackEndsTheRead(t *testing.T) {
 	}
 	if requests != 1 {
 		t.Fatalf("%d requests, want the one whose answer linked back", requests)
+	}
+}
+
+// afterCancel runs then once a request that cancels a job has been answered.
+type afterCancel struct {
+	base http.RoundTripper
+	then func()
+}
+
+func (a afterCancel) RoundTrip(r *http.Request) (*http.Response, error) {
+	var body []byte
+	if r.Body != nil {
+		body, _ = io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	resp, err := a.base.RoundTrip(r)
+	if strings.Contains(string(body), `"state":"canceled"`) || r.URL.Query().Get("state") == "canceled" {
+		a.then()
+	}
+	return resp, err
+}
+
+// A new description of a pending status cancels the open job before posting the new
+// one. When that post fails for good, GitLab shows the canceled job, a failure; the
+// status the hub last posted is no longer what GitLab holds, so posting it again must
+// reach GitLab rather than be skipped as unchanged.
+func TestAReplacementThatFailsHalfWayIsPostedAgain(t *testing.T) {
+	srv := gitlabtest.Start(t)
+	hc := &http.Client{Transport: afterCancel{base: http.DefaultTransport, then: func() {
+		srv.Store.FailNext(1, forge.Fault{Code: http.StatusForbidden})
+	}}}
+	b, err := gitlab.New(gitlab.Options{URL: srv.URL, Project: srv.Project, Token: srv.Token, HTTPClient: hc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := publisher(b)
+	ctx, commit := t.Context(), srv.NewCommit()
+	waiting := commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: "waiting for the agent to connect"}
+	if _, err := p.Publish(ctx, commit, waiting); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Publish(ctx, commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: "waiting for generation 2"}); err == nil {
+		t.Fatal("the replacement's post was refused, and Publish reported no error")
+	}
+	if got, err := b.Latest(ctx, commit); err != nil || got["flotilla/a"].State != commitstatus.Failure {
+		t.Fatalf("GitLab shows %+v (%v), want the canceled job the failed replacement left, a failure", got["flotilla/a"], err)
+	}
+	posted, err := p.Publish(ctx, commit, waiting)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Latest(ctx, commit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !posted || got["flotilla/a"] != waiting {
+		t.Fatalf("after publishing %q again (posted: %v), GitLab shows %+v", waiting.Description, posted, got["flotilla/a"])
 	}
 }
