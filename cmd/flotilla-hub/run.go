@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -302,6 +303,22 @@ func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m 
 	return src, nil
 }
 
+// apiRoot is a forge's API root as a credential's name holds it: GitHub's default for
+// none, the scheme and host in lower case, no trailing slash. Two spellings of one root
+// name one credential.
+func apiRoot(kind, raw string) string {
+	if kind == "github" && raw == "" {
+		raw = github.DefaultBaseURL
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
+	u.Path = strings.TrimRight(u.Path, "/")
+	return u.String()
+}
+
 // statusBackend is the backend that keeps sc's statuses, and the credential it posts
 // with, named so that two sources with the same one share its budget at the forge: the
 // kind, the API root and a hash of the token or the GitHub App installation. Empty for
@@ -317,7 +334,7 @@ func statusBackend(ctx context.Context, sc SourceConfig, git gitsource.Options) 
 			return "", "", err
 		}
 		sum := sha256.Sum256([]byte(t))
-		return t, fmt.Sprintf("%s %s token %x", s.Kind, s.URL, sum), nil
+		return t, fmt.Sprintf("%s %s token %x", s.Kind, apiRoot(s.Kind, s.URL), sum), nil
 	}
 	switch s.Kind {
 	case "none":
@@ -334,7 +351,7 @@ func statusBackend(ctx context.Context, sc SourceConfig, git gitsource.Options) 
 				return nil, "", err
 			}
 			opts.App = &github.App{AppID: s.AppID, InstallationID: s.InstallationID, PrivateKey: key}
-			credential = fmt.Sprintf("github %s app %d installation %d", s.URL, s.AppID, s.InstallationID)
+			credential = fmt.Sprintf("github %s app %d installation %d", apiRoot(s.Kind, s.URL), s.AppID, s.InstallationID)
 		} else {
 			t, c, err := token()
 			if err != nil {

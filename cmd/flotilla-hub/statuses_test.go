@@ -47,6 +47,8 @@ func TestSourcesPostingWithOneCredentialShareItsBudget(t *testing.T) {
 		share bool
 	}{
 		{"one token in two files", source("github", "", a), source("github", "", b), true},
+		{"one token, GitHub's API root left out and spelled out", source("github", "", a), source("github", "HTTPS://api.github.com", b), true},
+		{"one token, GitHub's API root with and without its slash", source("github", "https://api.github.com/", a), source("github", "https://api.github.com", b), true},
 		{"two tokens", source("github", "", a), source("github", "", c), false},
 		{"one token on two forges", source("gitlab", "https://gitlab.example.com", a), source("gitlab", "https://gitlab.other.example", b), false},
 		{"one token, GitHub and GitLab", source("github", "https://git.example.com/api/v3/", a), source("gitlab", "https://git.example.com", a), false},

@@ -5,6 +5,7 @@
 package github
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -89,6 +90,10 @@ type Options struct {
 	// on a GitHub Enterprise Server, where rate limits are off unless its administrator
 	// turned them on.
 	ContentLimits []commitstatus.Rate
+	// RateWindow is the period the primary rate limit counts: zero for GitHub's hour,
+	// which github.com and GitHub Enterprise Server both count in. A test server that
+	// compresses time into a shorter window says so here.
+	RateWindow time.Duration
 }
 
 // DefaultContentLimits are github.com's documented secondary limits on creating content.
@@ -144,7 +149,7 @@ func New(opts Options) (*Backend, error) {
 	}
 	// Every answer states the budget left: X-RateLimit-* of the "core" resource, which
 	// the status endpoints count against.
-	quota := &commitstatus.QuotaTracker{Prefix: "X-RateLimit-", Window: RateWindow, Resource: "core"}
+	quota := &commitstatus.QuotaTracker{Prefix: "X-RateLimit-", Window: cmp.Or(opts.RateWindow, RateWindow), Resource: "core"}
 	hc := &http.Client{}
 	if opts.HTTPClient != nil {
 		c := *opts.HTTPClient

@@ -20,8 +20,10 @@ func TestSuite(t *testing.T) {
 	statussuite.Run(t, func(t *testing.T) statussuite.Target {
 		srv := githubtest.Start(t)
 		return statussuite.Target{
-			Backend:          newBackend(t, srv, Options{Token: srv.Token}),
-			Another:          func(t *testing.T) commitstatus.Backend { return newBackend(t, srv, Options{Token: srv.Token}) },
+			Backend: newBackend(t, srv, Options{Token: srv.Token, RateWindow: statussuite.RateWindow}),
+			Another: func(t *testing.T) commitstatus.Backend {
+				return newBackend(t, srv, Options{Token: srv.Token, RateWindow: statussuite.RateWindow})
+			},
 			NewCommit:        func(*testing.T) string { return srv.NewCommit() },
 			Count:            func(_ *testing.T, commit, context string) int { return srv.Store.Count(commit, context) },
 			DescriptionLimit: DescriptionLimit,
