@@ -155,6 +155,9 @@ func New(opts Options) (*Backend, error) {
 		c := *opts.HTTPClient
 		hc = &c
 	}
+	// The exchange of a GitHub App's JWT for an installation token goes around the
+	// tracker: it is authenticated as the app, whose budget is not the installation's.
+	exchange := hc.Transport
 	hc.Transport = quota.Transport(hc.Transport)
 	writes := opts.ContentLimits
 	if writes == nil && base == DefaultBaseURL {
@@ -173,7 +176,7 @@ func New(opts Options) (*Backend, error) {
 	if token != "" {
 		clientOpts = append(clientOpts, gh.WithAuthToken(token))
 	} else {
-		tr, err := appTransport(hc, base, opts.App)
+		tr, err := appTransport(hc, exchange, base, opts.App)
 		if err != nil {
 			return nil, fmt.Errorf("github: %s: %w", repo, err)
 		}
@@ -212,10 +215,11 @@ func baseURL(s string) (string, error) {
 	return u.String(), nil
 }
 
-// appTransport authenticates as the installation. The token exchange goes to the same
-// API root and through the same base transport as every other request, which is what a
-// GitHub Enterprise Server and a test server need.
-func appTransport(hc *http.Client, base string, app *App) (http.RoundTripper, error) {
+// appTransport authenticates as the installation over hc's transport. The token
+// exchange goes to the same API root, through exchange (nil for the default), the
+// transport every other request goes through before the budget's tracker, which is what
+// a GitHub Enterprise Server and a test server need.
+func appTransport(hc *http.Client, exchange http.RoundTripper, base string, app *App) (http.RoundTripper, error) {
 	switch {
 	case app.AppID <= 0:
 		return nil, fmt.Errorf("GitHub App: invalid app ID %d", app.AppID)
@@ -233,7 +237,10 @@ func appTransport(hc *http.Client, base string, app *App) (http.RoundTripper, er
 		return nil, fmt.Errorf("GitHub App %d: %w", app.AppID, err)
 	}
 	tr.BaseURL = strings.TrimSuffix(base, "/")
-	tr.Client = &http.Client{Transport: rt, Timeout: hc.Timeout}
+	if exchange == nil {
+		exchange = http.DefaultTransport
+	}
+	tr.Client = &http.Client{Transport: exchange, Timeout: hc.Timeout}
 	return tr, nil
 }
 
