@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"maps"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,7 +33,8 @@ type Request struct {
 	Path   string
 	// Fault is the status code a injected fault answered with, 0 for a normal answer.
 	Fault int
-	// Limited is set when the request was refused for the rate limit (SetRateLimit).
+	// Limited is set when the request was refused for a rate limit (SetRateLimit,
+	// SetWriteLimit).
 	Limited bool
 }
 
@@ -70,6 +72,11 @@ type Store struct {
 	window time.Duration
 	used   int
 	reset  time.Time
+	// writeN and writePer are the limit SetWriteLimit set on creating content, 0 for
+	// none; posted are the times of the POSTs accepted within the last writePer.
+	writeN   int
+	writePer time.Duration
+	posted   []time.Time
 }
 
 // NewStore returns an empty store.
@@ -160,6 +167,32 @@ func (s *Store) SetRateLimit(limit int, window time.Duration) {
 	s.limit, s.window, s.used, s.reset = limit, window, 0, time.Time{}
 }
 
+// SetWriteLimit makes the server accept at most n POST requests in any period of per, as
+// GitHub's secondary limits on creating content do ("no more than 80 content-generating
+// requests per minute"); one beyond is refused with 403 and a Retry-After of when the
+// oldest leaves the period, uncounted. Zero lifts the limit. It is GitHub's: the other
+// servers answer a 403 as a refusal of the request itself.
+func (s *Store) SetWriteLimit(n int, per time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writeN, s.writePer, s.posted = n, per, nil
+}
+
+// writeWait is how long a POST at now must wait for the write limit; zero when it may
+// go. The caller holds s.mu.
+func (s *Store) writeWait(method string, now time.Time) time.Duration {
+	if s.writeN <= 0 || method != http.MethodPost {
+		return 0
+	}
+	for len(s.posted) > 0 && !now.Before(s.posted[0].Add(s.writePer)) {
+		s.posted = s.posted[1:]
+	}
+	if len(s.posted) < s.writeN {
+		return 0
+	}
+	return s.posted[0].Add(s.writePer).Sub(now)
+}
+
 // Quota is where the rate limit stands, false when none is set.
 func (s *Store) Quota() (Quota, bool) {
 	s.mu.Lock()
@@ -188,6 +221,9 @@ func (s *Store) Begin(method, path string) (Fault, bool) {
 	case ok:
 		f, s.faults = s.faults[0], s.faults[1:]
 		req.Fault = f.Code
+	case s.writeWait(method, now) > 0:
+		f, ok = Fault{Code: http.StatusForbidden, RetryAfter: s.writeWait(method, now)}, true
+		req.Limited = true
 	case s.limit > 0:
 		q := s.quota(now)
 		if q.Used >= q.Limit {
@@ -196,6 +232,9 @@ func (s *Store) Begin(method, path string) (Fault, bool) {
 			break
 		}
 		s.used++
+	}
+	if !ok && s.writeN > 0 && method == http.MethodPost {
+		s.posted = append(s.posted, now)
 	}
 	s.requests = append(s.requests, req)
 	return f, ok

@@ -48,10 +48,15 @@ type Target struct {
 	// others, as it does (or, for Gitea, as a proxy in front of it does); nil for a
 	// backend with no forge.
 	SetRateLimit func(limit int, window time.Duration)
-	// Another returns a second backend on the target's forge with the same credentials,
-	// as a second source posting with the same token has; nil for a backend with no
-	// forge.
-	Another func(t *testing.T) commitstatus.Backend
+	// SetWriteLimit makes the forge refuse statuses created beyond n per per, as
+	// GitHub's secondary limits on creating content do; the backend is told WriteLimit
+	// per RateWindow. Nil for a forge without such limits.
+	SetWriteLimit func(n int, per time.Duration)
+	// NewBackend returns another backend on the target's forge with the same
+	// credentials, as a second source posting with the same token has, told of the
+	// forge's limits on creating content (nil for none; a forge without such limits
+	// ignores them). Nil for a backend with no forge.
+	NewBackend func(t *testing.T, writes []commitstatus.Rate) commitstatus.Backend
 	// StatesBudget is set when the forge states its budget on the answers it accepts
 	// (GitHub); the others state it when they refuse (GitLab) or never (Gitea), so
 	// their publisher is told the rate to keep within, as an operator would.
@@ -62,6 +67,10 @@ type Target struct {
 // a second, in which a test sees several of them pass. A backend that takes its forge's
 // window as known, as GitHub's does an hour, is told this one instead.
 const RateWindow = time.Second
+
+// WriteLimit is how many statuses a forge with limits on creating content lets a
+// credential create per RateWindow in the suite (Target.SetWriteLimit).
+const WriteLimit = 5
 
 // fastBackoff keeps retries quick where the forge does not ask for a wait.
 var fastBackoff = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Steps: 5}
@@ -515,7 +524,7 @@ func runRateLimits(t *testing.T, newTarget func(t *testing.T) Target) {
 		const n = limit
 		// Posted through a backend of their own: the one under test first hears of the
 		// forge's budget once the limit is set, as a backend does of a forge's real one.
-		first := publisher(Target{Backend: tg.Another(t)})
+		first := publisher(Target{Backend: tg.NewBackend(t, nil)})
 		for i := range n {
 			publish(t, first, c, commitstatus.Status{Context: fmt.Sprintf("flotilla/w%04d", i), State: commitstatus.Pending, Description: "waiting for the agent"})
 		}
@@ -546,17 +555,20 @@ func runRateLimits(t *testing.T, newTarget func(t *testing.T) Target) {
 		tg := newTarget(t)
 		c1, c2 := tg.NewCommit(t), tg.NewCommit(t)
 		tg.SetRateLimit(limit, window)
+		if tg.SetWriteLimit != nil {
+			tg.SetWriteLimit(WriteLimit, RateWindow)
+		}
 		budget := commitstatus.NewBudget()
-		p1 := paced(tg, commitstatus.PublisherOptions{Budget: budget})
-		p2 := paced(Target{Backend: tg.Another(t), StatesBudget: tg.StatesBudget}, commitstatus.PublisherOptions{Budget: budget})
+		writes := []commitstatus.Rate{{N: WriteLimit, Per: RateWindow}}
+		p1 := paced(Target{Backend: tg.NewBackend(t, writes), StatesBudget: tg.StatesBudget}, commitstatus.PublisherOptions{Budget: budget})
+		p2 := paced(Target{Backend: tg.NewBackend(t, writes), StatesBudget: tg.StatesBudget}, commitstatus.PublisherOptions{Budget: budget})
 		const n = limit / 2
 		submitWave(t, p1, c1, n, commitstatus.Bulk)
 		submitWave(t, p2, c2, n, commitstatus.Bulk)
 		run(t, p1)
 		run(t, p2)
-		// Apart, each would go at the whole rate (Gitea, GitLab) and the forge would
-		// refuse; GitHub's budget is spread over its window, and its limits on content
-		// creation, which the test server does not enforce, are what the sharing keeps.
+		// Apart, each would go at the whole rate (Gitea, GitLab), or create content at
+		// the whole rate GitHub allows a credential, and the forge would refuse.
 		waitPosted(t, tg, c1, n)
 		waitPosted(t, tg, c2, n)
 		if r := tg.Forge.Refused(); r != 0 {

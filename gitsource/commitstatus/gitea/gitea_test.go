@@ -31,7 +31,7 @@ func TestSuite(t *testing.T) {
 		srv := giteatest.Start(t)
 		return statussuite.Target{
 			Backend:          newBackend(t, srv, srv.Token),
-			Another:          func(t *testing.T) commitstatus.Backend { return newBackend(t, srv, srv.Token) },
+			NewBackend:       func(t *testing.T, _ []commitstatus.Rate) commitstatus.Backend { return newBackend(t, srv, srv.Token) },
 			NewCommit:        func(*testing.T) string { return srv.NewCommit() },
 			Count:            func(_ *testing.T, commit, context string) int { return srv.Store.Count(commit, context) },
 			DescriptionLimit: gitea.DescriptionLimit,

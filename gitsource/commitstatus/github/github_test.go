@@ -21,8 +21,8 @@ func TestSuite(t *testing.T) {
 		srv := githubtest.Start(t)
 		return statussuite.Target{
 			Backend: newBackend(t, srv, Options{Token: srv.Token, RateWindow: statussuite.RateWindow}),
-			Another: func(t *testing.T) commitstatus.Backend {
-				return newBackend(t, srv, Options{Token: srv.Token, RateWindow: statussuite.RateWindow})
+			NewBackend: func(t *testing.T, writes []commitstatus.Rate) commitstatus.Backend {
+				return newBackend(t, srv, Options{Token: srv.Token, RateWindow: statussuite.RateWindow, ContentLimits: writes})
 			},
 			NewCommit:        func(*testing.T) string { return srv.NewCommit() },
 			Count:            func(_ *testing.T, commit, context string) int { return srv.Store.Count(commit, context) },
@@ -33,8 +33,9 @@ func TestSuite(t *testing.T) {
 			SetPullRequest: func(_ *testing.T, number int, base string, open bool) {
 				srv.SetPullRequest(number, base, open)
 			},
-			SetRateLimit: srv.SetRateLimit,
-			StatesBudget: true,
+			SetRateLimit:  srv.SetRateLimit,
+			SetWriteLimit: srv.Store.SetWriteLimit,
+			StatesBudget:  true,
 		}
 	})
 }

@@ -34,8 +34,10 @@ func TestSuite(t *testing.T) {
 	statussuite.Run(t, func(t *testing.T) statussuite.Target {
 		srv := gitlabtest.Start(t)
 		return statussuite.Target{
-			Backend:          newBackend(t, srv, srv.Project, srv.Token),
-			Another:          func(t *testing.T) commitstatus.Backend { return newBackend(t, srv, srv.Project, srv.Token) },
+			Backend: newBackend(t, srv, srv.Project, srv.Token),
+			NewBackend: func(t *testing.T, _ []commitstatus.Rate) commitstatus.Backend {
+				return newBackend(t, srv, srv.Project, srv.Token)
+			},
 			NewCommit:        func(*testing.T) string { return srv.NewCommit() },
 			Count:            func(_ *testing.T, commit, context string) int { return srv.Store.Count(commit, context) },
 			DescriptionLimit: 255,

@@ -593,3 +593,34 @@ func TestASetRateLimitRunsOutAndRenews(t *testing.T) {
 		t.Fatalf("after the reset: %d remaining %q", a.code, a.header.Get("X-RateLimit-Remaining"))
 	}
 }
+
+// GitHub's secondary limit on creating content refuses a status beyond it with 403, the
+// secondary limit's message and Retry-After, while reads go on; once the oldest post
+// leaves the period, a post goes again.
+func TestAWriteLimitRefusesPostsBeyondIt(t *testing.T) {
+	srv := Start(t)
+	sha := srv.NewCommit()
+	srv.Store.SetWriteLimit(2, time.Second)
+	for i := range 2 {
+		if a := do(t, srv, http.MethodPost, createPath(srv, sha), bearer(srv.Token), map[string]string{"state": "success", "context": fmt.Sprint("c", i)}); a.code != http.StatusCreated {
+			t.Fatalf("post %d within the limit: %d", i+1, a.code)
+		}
+	}
+	a := do(t, srv, http.MethodPost, createPath(srv, sha), bearer(srv.Token), map[string]string{"state": "success", "context": "c2"})
+	if a.code != http.StatusForbidden || a.header.Get("Retry-After") != "1" || !strings.HasPrefix(fmt.Sprint(a.body["message"]), "You have exceeded a secondary rate limit") {
+		t.Fatalf("the post beyond the limit answered %d, Retry-After %q: %v", a.code, a.header.Get("Retry-After"), a.body)
+	}
+	if a := do(t, srv, http.MethodGet, combinedPath(srv, sha), bearer(srv.Token), nil); a.code != http.StatusOK {
+		t.Fatalf("a read beyond the write limit answered %d", a.code)
+	}
+	if n := srv.Store.Refused(); n != 1 {
+		t.Fatalf("%d requests recorded as refused, want 1", n)
+	}
+	poll.Until(t, "the oldest post leaving the period", func() (bool, string) {
+		a := do(t, srv, http.MethodPost, createPath(srv, sha), bearer(srv.Token), map[string]string{"state": "success", "context": "c2"})
+		return a.code == http.StatusCreated, fmt.Sprint(a.code)
+	})
+	if n := srv.Store.Count(sha, "c2"); n != 1 {
+		t.Fatalf("the refused posts were kept: %d statuses of c2, want 1", n)
+	}
+}
