@@ -217,12 +217,13 @@ func (s *Store) Begin(method, path string) (Fault, bool) {
 	req := Request{Time: now, Method: method, Path: path}
 	var f Fault
 	ok := len(s.faults) > 0
+	write := s.writeWait(method, now)
 	switch {
 	case ok:
 		f, s.faults = s.faults[0], s.faults[1:]
 		req.Fault = f.Code
-	case s.writeWait(method, now) > 0:
-		f, ok = Fault{Code: http.StatusForbidden, RetryAfter: s.writeWait(method, now)}, true
+	case write > 0:
+		f, ok = Fault{Code: http.StatusForbidden, RetryAfter: write}, true
 		req.Limited = true
 	case s.limit > 0:
 		q := s.quota(now)

@@ -495,9 +495,11 @@ func runRateLimits(t *testing.T, newTarget func(t *testing.T) Target) {
 
 	t.Run("a list of many pages of pull requests sent through the publisher keeps within the forge's budget", func(t *testing.T) {
 		tg := newTarget(t)
+		// Every forge keeps pull requests; runPullRequests pins that the backend lists
+		// them exactly when the target records them.
 		lister, ok := tg.Backend.(commitstatus.PullRequestLister)
 		if !ok || tg.SetPullRequest == nil {
-			return
+			t.Fatal("a forge's backend lists no pull requests, or its target records none")
 		}
 		// Twelve pages of a hundred.
 		const open = 1200
