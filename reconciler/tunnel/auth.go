@@ -270,8 +270,12 @@ func (s *Server) redeemOnce(ctx context.Context, wc *v1alpha1.WorkerCluster, p p
 	rec := credentialRecord{current: issued, redemptionKey: p.keyHash}
 	if err := s.writeCredential(ctx, wc, rec); err != nil {
 		// Without a stored credential hash the agent could never connect again: give the
-		// token back so that its next attempt can redeem it.
-		if uerr := s.opts.Status.Claim(ctx, wc, conditions.RedemptionUndone{Previous: before, PreviousCredential: beforeCred}); uerr != nil {
+		// token back so that its next attempt can redeem it. The write most often fails
+		// for a hub cluster too slow to answer within the handshake: the undoing gets a
+		// time of its own, or the token would stay redeemed by nobody.
+		undoCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+		defer cancel()
+		if uerr := s.opts.Status.Claim(undoCtx, wc, conditions.RedemptionUndone{Previous: before, PreviousCredential: beforeCred}); uerr != nil {
 			s.opts.Log.Error("undoing a redemption whose credential could not be stored", "identity", p.identity, "fingerprint", p.fp, "error", uerr)
 		}
 		return nil, err
@@ -284,6 +288,9 @@ func (s *Server) redeemOnce(ctx context.Context, wc *v1alpha1.WorkerCluster, p p
 	}
 	return &admitted{wc: wc, credential: cred, fingerprint: p.fp, record: rec}, nil
 }
+
+// undoTimeout bounds the undoing of a redemption whose credential could not be stored.
+const undoTimeout = 30 * time.Second
 
 // redeemAgain answers a token that this WorkerCluster already redeemed: refused, unless
 // it comes with the redemption key it was redeemed with, within the retry window. Then

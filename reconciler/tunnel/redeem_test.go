@@ -9,14 +9,18 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/flotilla-gitops/flotilla/agent"
 	"github.com/flotilla-gitops/flotilla/agent/apply"
@@ -314,4 +318,41 @@ func TestARedeemedTokenStaysRefusedAfterTheClusterIsRemovedAndAddedBack(t *testi
 		}
 	}
 	noSecretIn(t, "the hub's log", h.log.String(), c.token.Reveal(), rotated.Reveal(), p.credential)
+}
+
+// A hub cluster too slow to store the credential within the handshake leaves the token
+// unredeemed, not redeemed by an agent that never got its credential: the same agent's
+// next attempt gets in.
+func TestARedemptionWhoseCredentialWasNotStoredInTimeCanBeMadeAgain(t *testing.T) {
+	c := newCluster(t, "slow-credential")
+	plain, err := client.NewWithWatch(planes[0].Config, client.Options{Scheme: admin().Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stalled atomic.Bool
+	slow := interceptor.NewClient(plain, interceptor.Funcs{
+		Apply: func(ctx context.Context, cl client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+			sec, ok := obj.(*corev1ac.SecretApplyConfiguration)
+			if ok && sec.Name != nil && *sec.Name == tunnel.CredentialSecretName(c.name) && stalled.CompareAndSwap(false, true) {
+				// The hub cluster answers after the handshake's deadline.
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return cl.Apply(ctx, obj, opts...)
+		},
+	})
+	h := startHub(t, nil, func(o *tunnel.Options) { o.Client, o.HandshakeTimeout = slow, time.Second })
+	key, _ := protocol.NewRedemptionKey()
+	enroll := request{identity: c.identity, kind: protocol.AuthEnrollment, secret: c.token.Reveal(), key: key.Reveal()}
+
+	ws, resp, err := h.dial(t.Context(), enroll)
+	if ws != nil {
+		_ = ws.Close()
+		t.Fatal("the agent was admitted though its credential was never stored")
+	}
+	if resp == nil || resp.StatusCode != http.StatusServiceUnavailable || !stalled.Load() {
+		t.Fatalf("the first attempt was answered %v (%v), the credential's write stalled: %v; want 503 after a stalled write", resp, err, stalled.Load())
+	}
+	h.issued(t, enroll)
+	noSecretIn(t, "the hub's log", h.log.String(), c.token.Reveal())
 }
