@@ -33,6 +33,10 @@ import (
 // copy while the cache catches up, and reads the API server otherwise (a hand's edit
 // since, or a copy forgotten). A write that conflicts is retried on the API server's
 // copy.
+//
+// Those who publish the status (the hub's commit statuses) read it with View, which
+// shows the records under way: a record tells them as it leaves, so that what an agent
+// reported reaches them without waiting for the hub's request budget.
 type Writer struct {
 	client client.Client
 	reader client.Reader
@@ -48,6 +52,9 @@ type Writer struct {
 	young []youngCopy
 	// deferred are facts waiting for their WorkerCluster's next write (Defer).
 	deferred map[client.ObjectKey]*deferredFacts
+	// recording are the facts of the records under way, until the API server has
+	// stored them or refused: View shows them meanwhile.
+	recording map[client.ObjectKey][]Fact
 	// writing keeps the records, deferrals and reads of one WorkerCluster apart, so
 	// that deferred facts a write took are never missing from what a read shows, and
 	// never written after facts recorded later.
@@ -141,11 +148,14 @@ func NewWriterWith(c client.Client, opts WriterOptions) *Writer {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	return &Writer{client: c, reader: opts.Reader, now: opts.Now, log: opts.Log,
-		known: map[client.ObjectKey]*stored{}, deferred: map[client.ObjectKey]*deferredFacts{}}
+		known: map[client.ObjectKey]*stored{}, deferred: map[client.ObjectKey]*deferredFacts{},
+		recording: map[client.ObjectKey][]Fact{}}
 }
 
 // OnChange has f called, synchronously, with the key of each WorkerCluster whose status
-// the Writer changed: f should hand the work on rather than do it.
+// the Writer changes: once a record that changes it is on its way to the API server,
+// which View then shows, and again once the API server stored it or refused. f should
+// hand the work on rather than do it.
 func (w *Writer) OnChange(f func(client.ObjectKey)) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -160,7 +170,7 @@ func (w *Writer) OnChange(f func(client.ObjectKey)) {
 // WorkerCluster as stored afterwards.
 func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact) (*v1alpha1.WorkerCluster, error) {
 	defer w.writing.lock(key)()
-	wc, err := w.record(ctx, key, w.takeDeferred(key), facts)
+	wc, err := w.record(ctx, key, w.takeDeferred(key, facts), facts)
 	if err != nil {
 		return nil, fmt.Errorf("recording the status of WorkerCluster %s: %w", key, err)
 	}
@@ -168,13 +178,25 @@ func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact
 }
 
 // record records the deferred facts, then facts. Deferred facts that could not be
-// written wait again, unless their WorkerCluster is gone. The caller holds key's lock.
+// written wait again, unless their WorkerCluster is gone. The caller holds key's lock,
+// and took the deferred facts with takeDeferred, which shows them and facts as under
+// way until record ends.
 func (w *Writer) record(ctx context.Context, key client.ObjectKey, deferred *deferredFacts, facts []Fact) (*v1alpha1.WorkerCluster, error) {
 	if deferred != nil {
 		facts = append(slices.Clip(deferred.facts), facts...)
 	}
 	var wc *v1alpha1.WorkerCluster
-	changed, first := false, true
+	changed, first, told := false, true, false
+	// Whoever waits on the status (a commit status, the fleet's summary) hears of the
+	// change as it leaves, not once the API server has stored it: with thousands of
+	// agents acknowledging a fleet-wide change, the hub's writes queue behind its
+	// request budget for minutes, while the facts are known now.
+	tell := func() {
+		if !told {
+			told = true
+			w.notify(key)
+		}
+	}
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		// A conflict means the copy was behind: the retries read the API server.
 		var err error
@@ -182,19 +204,33 @@ func (w *Writer) record(ctx context.Context, key client.ObjectKey, deferred *def
 			return err
 		}
 		first = false
-		changed, err = w.write(ctx, wc, facts)
+		changed, err = w.write(ctx, wc, facts, tell)
 		return err
 	})
 	if err != nil {
 		if deferred != nil && !apierrors.IsNotFound(err) {
 			w.deferAgain(key, deferred)
 		}
+		w.endRecording(key)
+		if told {
+			// What View showed is not stored: those who read it read again.
+			w.notify(key)
+		}
 		return nil, err
 	}
+	w.endRecording(key)
 	if changed {
 		w.notify(key)
 	}
 	return wc, nil
+}
+
+// endRecording ends what takeDeferred began: the record's facts are stored, or wait
+// again as deferred ones, or were refused.
+func (w *Writer) endRecording(key client.ObjectKey) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.recording, key)
 }
 
 // Defer records facts with the next write of the WorkerCluster's status, whatever
@@ -236,8 +272,9 @@ func (w *Writer) flush(key client.ObjectKey, d *deferredFacts) {
 	if !current {
 		return // written with another write meanwhile
 	}
-	w.takeDeferred(key)
+	w.takeDeferred(key, nil)
 	if d.ctx.Err() != nil {
+		w.endRecording(key)
 		return // deferred by a hub that stopped
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), flushTimeout)
@@ -247,16 +284,20 @@ func (w *Writer) flush(key client.ObjectKey, d *deferredFacts) {
 	}
 }
 
-// takeDeferred takes the facts deferred for the WorkerCluster named key, if any.
-func (w *Writer) takeDeferred(key client.ObjectKey) *deferredFacts {
+// takeDeferred takes the facts deferred for the WorkerCluster named key, if any, for
+// a record of them and facts, and shows them as under way (View) from the same
+// instant, so that no read in between misses them. The record ends that.
+func (w *Writer) takeDeferred(key client.ObjectKey, facts []Fact) *deferredFacts {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	d := w.deferred[key]
 	if d == nil {
+		w.recording[key] = facts
 		return nil
 	}
 	d.timer.Stop()
 	delete(w.deferred, key)
+	w.recording[key] = append(slices.Clip(d.facts), facts...)
 	return d
 }
 
@@ -274,6 +315,38 @@ func (w *Writer) deferAgain(key client.ObjectKey, d *deferredFacts) {
 	}
 	w.deferred[key] = d
 	d.timer = time.AfterFunc(d.within, func() { w.flush(key, d) })
+}
+
+// View is the WorkerCluster named key as it will be stored: as last stored, with the
+// facts of a record under way and those deferred recorded, derived now. Unlike Get it
+// never waits for a write: a commit status posted from it is not held up by the hub
+// cluster's request budget. A record under way that changes the status tells OnChange
+// as it starts, and again when it ends.
+func (w *Writer) View(ctx context.Context, key client.ObjectKey) (*v1alpha1.WorkerCluster, error) {
+	// The facts are taken before the stored copy is read: a record that ends in
+	// between leaves them on a copy that holds them already, which changes nothing,
+	// where the other order could show a copy from before a record that has ended.
+	w.mu.Lock()
+	facts := slices.Clone(w.recording[key])
+	if d := w.deferred[key]; d != nil {
+		facts = append(facts, d.facts...)
+	}
+	w.mu.Unlock()
+	wc, err := w.read(ctx, key, true)
+	if err != nil {
+		return nil, err
+	}
+	w.apply(wc, facts)
+	return wc, nil
+}
+
+// Recording reports whether a record of the WorkerCluster named key is under way: it
+// derives the status as it writes, and tells OnChange when it ends.
+func (w *Writer) Recording(key client.ObjectKey) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.recording[key]
+	return ok
 }
 
 // Get is the WorkerCluster named key as last stored, with the facts deferred for it
@@ -398,7 +471,8 @@ func digest(wc *v1alpha1.WorkerCluster) uint64 {
 // on failure it is left as it was.
 func (w *Writer) Claim(ctx context.Context, wc *v1alpha1.WorkerCluster, facts ...Fact) error {
 	next := wc.DeepCopy()
-	changed, err := w.write(ctx, next, facts)
+	// A claim may lose its race: nobody hears of it before it is stored.
+	changed, err := w.write(ctx, next, facts, nil)
 	if err != nil {
 		return err
 	}
@@ -410,13 +484,17 @@ func (w *Writer) Claim(ctx context.Context, wc *v1alpha1.WorkerCluster, facts ..
 }
 
 // write records facts on wc, derives, and patches the status when it changed, with an
-// optimistic lock on wc's resourceVersion.
-func (w *Writer) write(ctx context.Context, wc *v1alpha1.WorkerCluster, facts []Fact) (bool, error) {
+// optimistic lock on wc's resourceVersion; leaving, when not nil, is called before the
+// patch is sent.
+func (w *Writer) write(ctx context.Context, wc *v1alpha1.WorkerCluster, facts []Fact, leaving func()) (bool, error) {
 	before := wc.DeepCopy()
 	// Resync acknowledgements and inventories mostly repeat what is stored; with
 	// thousands of agents, writing them anyway would be a steady load for nothing.
 	if !w.apply(wc, facts) {
 		return false, nil
+	}
+	if leaving != nil {
+		leaving()
 	}
 	patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
 	if err := w.client.Status().Patch(ctx, wc, patch); err != nil {

@@ -24,8 +24,12 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 	// last refresh reads the newest state.
 	unlock := s.refreshLocks.lock(name)
 	defer unlock()
-	// Deriving again catches a spec the hub moved on since the agent's last report.
-	wc, err := s.hub.opts.Status.Record(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: name})
+	key := client.ObjectKey{Namespace: s.opts.Namespace, Name: name}
+	status := s.hub.opts.Status
+	// The status as it will be stored: an agent's acknowledgement is posted as it comes,
+	// not after its write, which in a fleet-wide change queues behind thousands of others
+	// for the hub cluster's request budget.
+	wc, err := status.View(ctx, key)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -33,9 +37,21 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 		return err
 	}
 	if wc.Annotations[v1alpha1.DecommissionAnnotation] != "" {
+		// Finishing a decommission revokes and deletes: it goes by what is stored.
+		if wc, err = status.Record(ctx, key); err != nil {
+			return client.IgnoreNotFound(err)
+		}
 		return s.maybeFinishDecommission(ctx, wc)
 	}
 	s.publish(ctx, wc)
+	// Deriving again catches a spec the hub moved on since the agent's last report. A
+	// record under way derives as it writes, and has the cluster refreshed when it ends.
+	if status.Recording(key) {
+		return nil
+	}
+	if _, err := status.Record(ctx, key); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
 	return nil
 }
 

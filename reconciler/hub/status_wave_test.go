@@ -20,6 +20,7 @@ import (
 	"filippo.io/age"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
@@ -40,17 +41,26 @@ import (
 // waveHub is a hub on the real hub cluster, following a fleet repository on the git
 // server and posting its statuses to a GitHub test server.
 type waveHub struct {
-	t     *testing.T
-	hub   *Hub
-	src   *Source
-	repo  *gitserver.Repo
-	forge *githubtest.Server
-	files map[string][]byte // the fleet at main's head
+	t      *testing.T
+	hub    *Hub
+	src    *Source
+	status *conditions.Writer
+	ns     string
+	repo   *gitserver.Repo
+	forge  *githubtest.Server
+	files  map[string][]byte // the fleet at main's head
 }
 
 const wavePublicURL = "https://hub.example"
 
 func startWaveHub(t *testing.T, clusters, threshold int) *waveHub {
+	t.Helper()
+	return startWaveHubWriting(t, clusters, threshold, planes[0].Client)
+}
+
+// startWaveHubWriting is startWaveHub with the WorkerClusters' status written through
+// writes.
+func startWaveHubWriting(t *testing.T, clusters, threshold int, writes client.Client) *waveHub {
 	t.Helper()
 	ctx := t.Context()
 	c := planes[0].Client
@@ -85,7 +95,7 @@ func startWaveHub(t *testing.T, clusters, threshold int) *waveHub {
 	if err != nil {
 		t.Fatal(err)
 	}
-	status := conditions.NewWriter(c)
+	status := conditions.NewWriter(writes)
 	tun, err := tunnel.New(tunnel.Options{Client: c, Status: status, AllowInsecureLoopback: true})
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +120,7 @@ func startWaveHub(t *testing.T, clusters, threshold int) *waveHub {
 	}
 	// The summary's count moves with every cluster; a test waits for its last form.
 	src.book.every = 100 * time.Millisecond
-	w := &waveHub{t: t, hub: h, src: src, repo: repo, forge: srv, files: files}
+	w := &waveHub{t: t, hub: h, src: src, status: status, ns: ns, repo: repo, forge: srv, files: files}
 	srv.AddCommit(repo.Head("main"))
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

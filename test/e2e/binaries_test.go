@@ -28,6 +28,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
 	"github.com/flotilla-gitops/flotilla/test/logtest"
+	"github.com/flotilla-gitops/flotilla/test/poll"
 	"github.com/flotilla-gitops/flotilla/test/sopstest"
 )
 
@@ -162,11 +163,17 @@ sources:
 	agentProc := startProcess(t, "flotilla-agent", agentArgs...)
 	f.waitStatus(merge, "flotilla/gpu-p", commitstatus.Success, "ready")
 
+	// The commit status follows the agent's report as it arrives; the WorkerCluster's
+	// record of it follows the hub's write.
 	wcKey := types.NamespacedName{Namespace: ns, Name: "gpu-p"}
 	var wc v1alpha1.WorkerCluster
-	if err := hub().Get(ctx, wcKey, &wc); err != nil {
-		t.Fatal(err)
-	}
+	poll.Until(t, "the WorkerCluster's record of the agent's report", func() (bool, string) {
+		if err := hub().Get(ctx, wcKey, &wc); err != nil {
+			return false, err.Error()
+		}
+		c := condition(&wc, v1alpha1.ConditionReady)
+		return c != nil && c.Status == metav1.ConditionTrue, fmt.Sprintf("Ready %+v", c)
+	})
 	for _, typ := range []string{v1alpha1.ConditionRegistered, v1alpha1.ConditionConnected, v1alpha1.ConditionWorkerConfigured, v1alpha1.ConditionReady} {
 		if c := condition(&wc, typ); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != wc.Generation {
 			t.Errorf("%s = %+v, want True at generation %d", typ, c, wc.Generation)

@@ -102,10 +102,16 @@ func TestTheReadmePathTakesAFirstWorkerToGreen(t *testing.T) {
 	wcKey := types.NamespacedName{Namespace: tenant, Name: cluster}
 	t.Run("the merge commit is green and the hub's Kueue dispatches to the cluster", func(t *testing.T) {
 		w.waitStatus(w.merged, "flotilla/"+cluster, commitstatus.Success, "")
+		// The commit status follows the agent's report as it arrives; the WorkerCluster's
+		// record of it follows the hub's write.
 		var wc v1alpha1.WorkerCluster
-		if err := planes[0].Client.Get(ctx, wcKey, &wc); err != nil {
-			t.Fatal(err)
-		}
+		poll.Until(t, "the WorkerCluster's record of the agent's report", func() (bool, string) {
+			if err := planes[0].Client.Get(ctx, wcKey, &wc); err != nil {
+				return false, err.Error()
+			}
+			c := apimeta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionReady)
+			return c != nil && c.Status == metav1.ConditionTrue, fmt.Sprintf("Ready %+v", c)
+		})
 		for _, typ := range []string{v1alpha1.ConditionRegistered, v1alpha1.ConditionConnected, v1alpha1.ConditionWorkerConfigured, v1alpha1.ConditionDispatchReady, v1alpha1.ConditionReady} {
 			if c := apimeta.FindStatusCondition(wc.Status.Conditions, typ); c == nil || c.Status != metav1.ConditionTrue {
 				t.Errorf("%s = %+v, want True", typ, c)

@@ -3,7 +3,6 @@ package scale
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,11 +10,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/test/heldpatch"
 	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
@@ -112,18 +111,22 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 	// timers. A status patch held by the hub cluster opens the window in which either
 	// race would show: had the writer not kept one WorkerCluster's record, flush and
 	// read apart, what is checked below would go wrong while the patch is held.
-	held := newHeldPatches(t)
-	gated := conditions.NewWriter(held.client)
+	plain, err := client.NewWithWatch(planes[0].Config, client.Options{Scheme: newScheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := heldpatch.Wrap(plain)
+	gated := conditions.NewWriter(held)
 
 	t.Run("a read while a write takes the deferred facts still shows them", func(t *testing.T) {
 		key := newCluster(t, "read-during-write")
 		if changed, err := gated.Defer(ctx, key, time.Hour, sent...); err != nil || !changed {
 			t.Fatalf("Defer = %v, %v; want a change", changed, err)
 		}
-		release := held.next(key)
+		release := held.Next(key)
 		ack := conditions.Applied{Report: &protocol.Applied{Hash: "sha256:b", Generation: 1}, Sent: "sha256:b"}
 		recorded := start(func() (*v1alpha1.WorkerCluster, error) { return gated.Record(ctx, key, ack) })
-		held.waitStarted(t)
+		held.WaitStarted(t)
 		read := start(func() (*v1alpha1.WorkerCluster, error) { return gated.Get(ctx, key) })
 		read.window()
 		release()
@@ -145,18 +148,18 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 		if _, err := gated.Record(ctx, key, conditions.Desired{Hash: "sha256:a"}); err != nil {
 			t.Fatal(err)
 		}
-		release := held.next(key)
+		release := held.Next(key)
 		// Their wait is over at once: the write of them on their own is the held one.
 		if changed, err := gated.Defer(ctx, key, time.Millisecond, conditions.Desired{Hash: "sha256:b"}); err != nil || !changed {
 			t.Fatalf("Defer = %v, %v; want a change", changed, err)
 		}
-		held.waitStarted(t)
+		held.WaitStarted(t)
 		recorded := start(func() (*v1alpha1.WorkerCluster, error) {
 			return gated.Record(ctx, key, conditions.Desired{Hash: "sha256:c"})
 		})
 		recorded.window()
 		release()
-		if err := held.result(t); apierrors.IsConflict(err) {
+		if err := held.Result(t); apierrors.IsConflict(err) {
 			t.Errorf("the write of the deferred facts conflicted with a write made while it was under way; its retry puts them over the later ones")
 		} else if err != nil {
 			t.Fatal(err)
@@ -168,6 +171,103 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 			got := stored(t, key)
 			return got.Status.DesiredHash == "sha256:c", "desired " + got.Status.DesiredHash
 		})
+	})
+
+	// The hub posts a cluster's commit status from View, told by OnChange: an agent's
+	// acknowledgement must reach the commit as it comes, not once a hub cluster that a
+	// fleet-wide change keeps busy for minutes has stored it.
+	viewed := conditions.NewWriter(held)
+	told := make(chan client.ObjectKey, 16)
+	viewed.OnChange(func(key client.ObjectKey) {
+		select {
+		case told <- key:
+		default:
+		}
+	})
+	waitTold := func(t *testing.T, key client.ObjectKey, when string) {
+		t.Helper()
+		deadline := time.After(poll.Deadline)
+		for {
+			select {
+			case k := <-told:
+				if k == key {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("OnChange was not told of %s %s", key.Name, when)
+			}
+		}
+	}
+	ack := conditions.Applied{Report: &protocol.Applied{Hash: "sha256:b", Generation: 1}, Sent: "sha256:b"}
+	acknowledged := func(wc *v1alpha1.WorkerCluster) bool {
+		return wc.Status.AppliedHash == "sha256:b" && wc.Status.DesiredHash == "sha256:b" && wc.SourceCommit() == "c0ffee"
+	}
+
+	t.Run("a record under way is shown and told of before it is stored", func(t *testing.T) {
+		key := newCluster(t, "shown-under-way")
+		if changed, err := viewed.Defer(ctx, key, time.Hour, sent...); err != nil || !changed {
+			t.Fatalf("Defer = %v, %v; want a change", changed, err)
+		}
+		release := held.Next(key)
+		defer release()
+		recorded := start(func() (*v1alpha1.WorkerCluster, error) { return viewed.Record(ctx, key, ack) })
+		held.WaitStarted(t)
+		waitTold(t, key, "while its acknowledgement's write was held")
+		view := start(func() (*v1alpha1.WorkerCluster, error) { return viewed.View(ctx, key) })
+		view.window()
+		select {
+		case <-view.done:
+		default:
+			t.Fatal("View waited for the write under way")
+		}
+		got, err := view.wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !acknowledged(got) || !viewed.Recording(key) {
+			t.Errorf("while the write was held View showed applied %q, desired %q, source %q, and Recording %v; want the acknowledgement of sha256:b from c0ffee, under way",
+				got.Status.AppliedHash, got.Status.DesiredHash, got.SourceCommit(), viewed.Recording(key))
+		}
+		if s := stored(t, key); s.Status.AppliedHash != "" {
+			t.Fatalf("the held write was stored: applied %q", s.Status.AppliedHash)
+		}
+		release()
+		if _, err := recorded.wait(); err != nil {
+			t.Fatal(err)
+		}
+		waitTold(t, key, "once its acknowledgement was stored")
+		if viewed.Recording(key) || !acknowledged(stored(t, key)) {
+			t.Errorf("after the write Recording is %v and the stored status %+v; want nothing under way and the acknowledgement stored", viewed.Recording(key), stored(t, key).Status)
+		}
+	})
+
+	t.Run("a record that failed is no longer shown, and told of", func(t *testing.T) {
+		key := newCluster(t, "shown-then-failed")
+		if changed, err := viewed.Defer(ctx, key, time.Hour, sent...); err != nil || !changed {
+			t.Fatalf("Defer = %v, %v; want a change", changed, err)
+		}
+		release := held.Next(key)
+		defer release()
+		recordCtx, cancel := context.WithCancel(ctx)
+		recorded := start(func() (*v1alpha1.WorkerCluster, error) { return viewed.Record(recordCtx, key, ack) })
+		held.WaitStarted(t)
+		waitTold(t, key, "while its acknowledgement's write was held")
+		// The write fails: its request is cancelled.
+		cancel()
+		if _, err := recorded.wait(); err == nil {
+			t.Fatal("the cancelled record succeeded")
+		}
+		waitTold(t, key, "once its acknowledgement's write failed")
+		got, err := viewed.View(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.AppliedHash != "" || viewed.Recording(key) {
+			t.Errorf("after the write failed View shows applied %q, Recording %v; want neither", got.Status.AppliedHash, viewed.Recording(key))
+		}
+		if got.Status.DesiredHash != "sha256:b" || got.SourceCommit() != "c0ffee" {
+			t.Errorf("after the write failed View lost the deferred facts it took: desired %q, source %q", got.Status.DesiredHash, got.SourceCommit())
+		}
 	})
 
 	t.Run("a hub that stopped takes them with it", func(t *testing.T) {
@@ -223,85 +323,4 @@ func (c *call[T]) window() {
 func (c *call[T]) wait() (T, error) {
 	<-c.done
 	return c.val, c.err
-}
-
-// heldPatches is a client whose next status patch of a chosen WorkerCluster waits
-// until the test releases it.
-type heldPatches struct {
-	client client.Client
-
-	mu   sync.Mutex
-	key  client.ObjectKey
-	gate chan struct{}
-	// started is told when the held patch starts, done of its outcome.
-	started chan struct{}
-	done    chan error
-}
-
-func newHeldPatches(t *testing.T) *heldPatches {
-	t.Helper()
-	c, err := client.NewWithWatch(planes[0].Config, client.Options{Scheme: newScheme(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &heldPatches{}
-	h.client = interceptor.NewClient(c, interceptor.Funcs{
-		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-			h.mu.Lock()
-			gate, started, done := h.gate, h.started, h.done
-			hold := gate != nil && client.ObjectKeyFromObject(obj) == h.key
-			if hold {
-				h.gate = nil
-			}
-			h.mu.Unlock()
-			if !hold {
-				return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
-			}
-			close(started)
-			select {
-			case <-gate:
-			case <-ctx.Done():
-			}
-			err := c.SubResource(sub).Patch(ctx, obj, patch, opts...)
-			done <- err
-			return err
-		},
-	})
-	return h
-}
-
-// next holds the next status patch of the WorkerCluster named key; release lets it go.
-func (h *heldPatches) next(key client.ObjectKey) (release func()) {
-	gate := make(chan struct{})
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.key, h.gate, h.started, h.done = key, gate, make(chan struct{}), make(chan error, 1)
-	return sync.OnceFunc(func() { close(gate) })
-}
-
-func (h *heldPatches) waitStarted(t *testing.T) {
-	t.Helper()
-	h.mu.Lock()
-	started := h.started
-	h.mu.Unlock()
-	select {
-	case <-started:
-	case <-time.After(poll.Deadline):
-		t.Fatal("the status patch to hold was never made")
-	}
-}
-
-// result is the held patch's outcome, once released.
-func (h *heldPatches) result(t *testing.T) error {
-	t.Helper()
-	h.mu.Lock()
-	done := h.done
-	h.mu.Unlock()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(poll.Deadline):
-		t.Fatal("the held status patch never ended")
-		return nil
-	}
 }
