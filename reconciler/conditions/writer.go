@@ -55,6 +55,9 @@ type Writer struct {
 	// recording are the facts of the records under way, until the API server has
 	// stored them or refused: View shows them meanwhile.
 	recording map[client.ObjectKey][]Fact
+	// wanted are the WorkerClusters whose derivation RecordIfIdle left to the holder of
+	// their lock, which tells OnChange when it lets go.
+	wanted map[client.ObjectKey]bool
 	// writing keeps the records, deferrals and reads of one WorkerCluster apart, so
 	// that deferred facts a write took are never missing from what a read shows, and
 	// never written after facts recorded later.
@@ -74,6 +77,16 @@ type keyLock struct {
 
 // lock locks key's mutex and returns its unlock.
 func (k *keyLocks) lock(key client.ObjectKey) (unlock func()) {
+	unlock, _ = k.acquire(key, true)
+	return unlock
+}
+
+// tryLock locks key's mutex unless someone holds it.
+func (k *keyLocks) tryLock(key client.ObjectKey) (unlock func(), ok bool) {
+	return k.acquire(key, false)
+}
+
+func (k *keyLocks) acquire(key client.ObjectKey, wait bool) (func(), bool) {
 	k.mu.Lock()
 	if k.locks == nil {
 		k.locks = map[client.ObjectKey]*keyLock{}
@@ -83,9 +96,19 @@ func (k *keyLocks) lock(key client.ObjectKey) (unlock func()) {
 		l = &keyLock{}
 		k.locks[key] = l
 	}
-	l.holders++
-	k.mu.Unlock()
-	l.Lock()
+	if !wait {
+		// Taken under k.mu: a holder letting go meanwhile cannot drop the entry.
+		if !l.TryLock() {
+			k.mu.Unlock()
+			return nil, false
+		}
+		l.holders++
+		k.mu.Unlock()
+	} else {
+		l.holders++
+		k.mu.Unlock()
+		l.Lock()
+	}
 	return func() {
 		l.Unlock()
 		k.mu.Lock()
@@ -93,6 +116,25 @@ func (k *keyLocks) lock(key client.ObjectKey) (unlock func()) {
 			delete(k.locks, key)
 		}
 		k.mu.Unlock()
+	}, true
+}
+
+// lock holds the WorkerCluster named key for one record, deferral or read, and tells
+// OnChange, when it lets go, if RecordIfIdle found it held meanwhile.
+func (w *Writer) lock(key client.ObjectKey) (unlock func()) {
+	return w.after(key, w.writing.lock(key))
+}
+
+func (w *Writer) after(key client.ObjectKey, unlock func()) func() {
+	return func() {
+		unlock()
+		w.mu.Lock()
+		wanted := w.wanted[key]
+		delete(w.wanted, key)
+		w.mu.Unlock()
+		if wanted {
+			w.notify(key)
+		}
 	}
 }
 
@@ -149,7 +191,7 @@ func NewWriterWith(c client.Client, opts WriterOptions) *Writer {
 	}
 	return &Writer{client: c, reader: opts.Reader, now: opts.Now, log: opts.Log,
 		known: map[client.ObjectKey]*stored{}, deferred: map[client.ObjectKey]*deferredFacts{},
-		recording: map[client.ObjectKey][]Fact{}}
+		recording: map[client.ObjectKey][]Fact{}, wanted: map[client.ObjectKey]bool{}}
 }
 
 // OnChange has f called, synchronously, with the key of each WorkerCluster whose status
@@ -169,12 +211,37 @@ func (w *Writer) OnChange(f func(client.ObjectKey)) {
 // the same write. Nothing is written when nothing changed. It returns the
 // WorkerCluster as stored afterwards.
 func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact) (*v1alpha1.WorkerCluster, error) {
-	defer w.writing.lock(key)()
+	defer w.lock(key)()
 	wc, err := w.record(ctx, key, w.takeDeferred(key, facts), facts)
 	if err != nil {
 		return nil, fmt.Errorf("recording the status of WorkerCluster %s: %w", key, err)
 	}
 	return wc, nil
+}
+
+// RecordIfIdle is Record with no facts, for a WorkerCluster nobody holds: it derives,
+// and writes what changed. When someone holds it (a record waiting for the hub's
+// request budget, most often), it returns at once and leaves the derivation to them:
+// OnChange is told when they let go, and the caller, asked again, derives then. So a
+// refresh never waits behind another's write.
+func (w *Writer) RecordIfIdle(ctx context.Context, key client.ObjectKey) error {
+	// Wanted before trying: a holder that lets go in between tells, where the other
+	// order could lose the request.
+	w.mu.Lock()
+	w.wanted[key] = true
+	w.mu.Unlock()
+	unlock, ok := w.writing.tryLock(key)
+	if !ok {
+		return nil
+	}
+	w.mu.Lock()
+	delete(w.wanted, key)
+	w.mu.Unlock()
+	defer w.after(key, unlock)()
+	if _, err := w.record(ctx, key, w.takeDeferred(key, nil), nil); err != nil {
+		return fmt.Errorf("recording the status of WorkerCluster %s: %w", key, err)
+	}
+	return nil
 }
 
 // record records the deferred facts, then facts. Deferred facts that could not be
@@ -212,7 +279,7 @@ func (w *Writer) record(ctx context.Context, key client.ObjectKey, deferred *def
 			w.deferAgain(key, deferred)
 		}
 		w.endRecording(key)
-		if told {
+		if told || len(facts) > 0 {
 			// What View showed is not stored: those who read it read again.
 			w.notify(key)
 		}
@@ -240,7 +307,7 @@ func (w *Writer) endRecording(key client.ObjectKey) {
 // the hub cluster. Until they are written, Get shows them. Defer reports whether they
 // change the status; facts that change nothing are dropped.
 func (w *Writer) Defer(ctx context.Context, key client.ObjectKey, within time.Duration, facts ...Fact) (bool, error) {
-	defer w.writing.lock(key)()
+	defer w.lock(key)()
 	wc, err := w.get(ctx, key)
 	if err != nil {
 		return false, fmt.Errorf("deferring facts about WorkerCluster %s: %w", key, err)
@@ -265,7 +332,7 @@ const flushTimeout = time.Minute
 
 // flush writes d, the deferred facts of the WorkerCluster named key, on their own.
 func (w *Writer) flush(key client.ObjectKey, d *deferredFacts) {
-	defer w.writing.lock(key)()
+	defer w.lock(key)()
 	w.mu.Lock()
 	current := w.deferred[key] == d
 	w.mu.Unlock()
@@ -323,9 +390,10 @@ func (w *Writer) deferAgain(key client.ObjectKey, d *deferredFacts) {
 // cluster's request budget. A record under way that changes the status tells OnChange
 // as it starts, and again when it ends.
 func (w *Writer) View(ctx context.Context, key client.ObjectKey) (*v1alpha1.WorkerCluster, error) {
-	// The facts are taken before the stored copy is read: a record that ends in
-	// between leaves them on a copy that holds them already, which changes nothing,
-	// where the other order could show a copy from before a record that has ended.
+	// The facts are taken before the stored copy is read, so that a record ending in
+	// between is never missed: its facts go on a copy that holds them already. Should a
+	// later record also be stored in between, its copy shows them over its own for a
+	// moment; that record tells OnChange as it ends, and the next View is right.
 	w.mu.Lock()
 	facts := slices.Clone(w.recording[key])
 	if d := w.deferred[key]; d != nil {
@@ -340,8 +408,7 @@ func (w *Writer) View(ctx context.Context, key client.ObjectKey) (*v1alpha1.Work
 	return wc, nil
 }
 
-// Recording reports whether a record of the WorkerCluster named key is under way: it
-// derives the status as it writes, and tells OnChange when it ends.
+// Recording reports whether a record of the WorkerCluster named key is under way.
 func (w *Writer) Recording(key client.ObjectKey) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -353,7 +420,7 @@ func (w *Writer) Recording(key client.ObjectKey) bool {
 // recorded: from the Reader when it caught up with what the Writer knows, else from
 // what the Writer knows or the API server.
 func (w *Writer) Get(ctx context.Context, key client.ObjectKey) (*v1alpha1.WorkerCluster, error) {
-	defer w.writing.lock(key)()
+	defer w.lock(key)()
 	return w.get(ctx, key)
 }
 

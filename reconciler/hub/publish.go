@@ -45,11 +45,9 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 	}
 	s.publish(ctx, wc)
 	// Deriving again catches a spec the hub moved on since the agent's last report. A
-	// record under way derives as it writes, and has the cluster refreshed when it ends.
-	if status.Recording(key) {
-		return nil
-	}
-	if _, err := status.Record(ctx, key); err != nil && !apierrors.IsNotFound(err) {
+	// record under way derives as it writes; one that waits for the hub's request budget
+	// must not hold this worker, so the cluster is refreshed again once it is done.
+	if err := status.RecordIfIdle(ctx, key); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
 	return nil

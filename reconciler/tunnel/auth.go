@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/validation"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
@@ -260,24 +261,19 @@ func (s *Server) redeemOnce(ctx context.Context, wc *v1alpha1.WorkerCluster, p p
 		return nil, err
 	}
 	before, beforeCred := wc.Status.Enrollment.DeepCopy(), wc.Status.Credential.DeepCopy()
-	err = s.opts.Status.Claim(ctx, wc, conditions.Redeemed{TokenHash: wc.Spec.EnrollmentTokenHash, At: issued.issued, Credential: cred.Hash().Fingerprint(), ExpiresAt: issued.expires})
+	key, issuedFP := client.ObjectKeyFromObject(wc), cred.Hash().Fingerprint()
+	err = s.opts.Status.Claim(ctx, wc, conditions.Redeemed{TokenHash: wc.Spec.EnrollmentTokenHash, At: issued.issued, Credential: issuedFP, ExpiresAt: issued.expires})
 	if apierrors.IsConflict(err) {
 		return nil, err
 	}
 	if err != nil {
+		// The API server may have stored it though its answer came too late.
+		s.undoRedemption(ctx, key, issuedFP, before, beforeCred, p)
 		return nil, fmt.Errorf("recording the redemption on WorkerCluster %s/%s: %w", wc.Namespace, wc.Name, err)
 	}
 	rec := credentialRecord{current: issued, redemptionKey: p.keyHash}
 	if err := s.writeCredential(ctx, wc, rec); err != nil {
-		// Without a stored credential hash the agent could never connect again: give the
-		// token back so that its next attempt can redeem it. The write most often fails
-		// for a hub cluster too slow to answer within the handshake: the undoing gets a
-		// time of its own, or the token would stay redeemed by nobody.
-		undoCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
-		defer cancel()
-		if uerr := s.opts.Status.Claim(undoCtx, wc, conditions.RedemptionUndone{Previous: before, PreviousCredential: beforeCred}); uerr != nil {
-			s.opts.Log.Error("undoing a redemption whose credential could not be stored", "identity", p.identity, "fingerprint", p.fp, "error", uerr)
-		}
+		s.undoRedemption(ctx, key, issuedFP, before, beforeCred, p)
 		return nil, err
 	}
 	// The status already refuses the token while this WorkerCluster lives; the record
@@ -287,6 +283,31 @@ func (s *Server) redeemOnce(ctx context.Context, wc *v1alpha1.WorkerCluster, p p
 		s.opts.Log.Error("recording the redeemed enrollment token", "workerCluster", wc.Namespace+"/"+wc.Name, "fingerprint", p.fp, "error", err)
 	}
 	return &admitted{wc: wc, credential: cred, fingerprint: p.fp, record: rec}, nil
+}
+
+// undoRedemption gives the token back when its redemption was, or may have been,
+// recorded for a credential that was not stored: without the credential's hash the
+// agent could never connect, and its next attempt, with no redemption key stored, would
+// be refused. That follows most often from a hub cluster too slow to answer within the
+// handshake, so the undoing gets a time of its own. It reads the WorkerCluster from the
+// API server, retries on conflicts with other writes of its status (a dispatcher woken
+// by the redemption), and undoes nothing but the redemption that issued fingerprint.
+func (s *Server) undoRedemption(ctx context.Context, key client.ObjectKey, fingerprint string, before *v1alpha1.Enrollment, beforeCred *v1alpha1.CredentialStatus, p presented) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	defer cancel()
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		var wc v1alpha1.WorkerCluster
+		if err := s.opts.Client.Get(ctx, key, &wc); err != nil {
+			return err
+		}
+		if e := wc.Status.Enrollment; e == nil || e.CredentialFingerprint != fingerprint {
+			return nil // never stored, or another redemption's since
+		}
+		return s.opts.Status.Claim(ctx, &wc, conditions.RedemptionUndone{Previous: before, PreviousCredential: beforeCred})
+	})
+	if err != nil {
+		s.opts.Log.Error("undoing a redemption whose credential could not be stored", "identity", p.identity, "fingerprint", p.fp, "error", err)
+	}
 }
 
 // undoTimeout bounds the undoing of a redemption whose credential could not be stored.

@@ -26,6 +26,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/apply"
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
 	"github.com/flotilla-gitops/flotilla/test/logtest"
@@ -320,39 +321,80 @@ func TestARedeemedTokenStaysRefusedAfterTheClusterIsRemovedAndAddedBack(t *testi
 	noSecretIn(t, "the hub's log", h.log.String(), c.token.Reveal(), rotated.Reveal(), p.credential)
 }
 
-// A hub cluster too slow to store the credential within the handshake leaves the token
-// unredeemed, not redeemed by an agent that never got its credential: the same agent's
-// next attempt gets in.
-func TestARedemptionWhoseCredentialWasNotStoredInTimeCanBeMadeAgain(t *testing.T) {
-	c := newCluster(t, "slow-credential")
-	plain, err := client.NewWithWatch(planes[0].Config, client.Options{Scheme: admin().Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stalled atomic.Bool
-	slow := interceptor.NewClient(plain, interceptor.Funcs{
-		Apply: func(ctx context.Context, cl client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
-			sec, ok := obj.(*corev1ac.SecretApplyConfiguration)
-			if ok && sec.Name != nil && *sec.Name == tunnel.CredentialSecretName(c.name) && stalled.CompareAndSwap(false, true) {
-				// The hub cluster answers after the handshake's deadline.
+// A hub cluster too slow to answer within the handshake leaves the token unredeemed,
+// not redeemed by an agent that never got its credential: the same agent's next attempt
+// gets in. The write that takes too long is the credential's, never stored, or the
+// redemption's own, stored though the hub never heard so; meanwhile another writer of
+// the cluster's status (a dispatcher woken by the redemption) moves it on.
+func TestARedemptionAnsweredTooLateCanBeMadeAgain(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// late says whether the request is the one that takes too long.
+		late func(c *cluster, req any) bool
+		// stored says whether the API server stores it in the end.
+		stored bool
+	}{
+		{"the credential's write", func(c *cluster, req any) bool {
+			sec, ok := req.(*corev1ac.SecretApplyConfiguration)
+			return ok && sec.Name != nil && *sec.Name == tunnel.CredentialSecretName(c.name)
+		}, false},
+		{"the redemption's write", func(c *cluster, req any) bool {
+			wc, ok := req.(*v1alpha1.WorkerCluster)
+			return ok && wc.Name == c.name && wc.Status.Enrollment != nil
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, "late-"+strings.ReplaceAll(strings.TrimPrefix(tc.name, "the "), "'s write", ""))
+			plain, err := client.NewWithWatch(planes[0].Config, client.Options{Scheme: admin().Scheme()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var late atomic.Bool
+			// lateAnswer makes the request when the API server stores it, then answers only
+			// once the handshake is over, after another writer moved the status on.
+			lateAnswer := func(ctx context.Context, do func(context.Context) error) error {
+				var err error
+				if tc.stored {
+					err = do(context.WithoutCancel(ctx))
+				}
+				if _, rerr := conditions.NewWriter(admin()).Record(context.WithoutCancel(ctx), types.NamespacedName{Namespace: c.ns, Name: c.name},
+					conditions.Placed{Pool: "us", Placement: v1alpha1.PlacementDisabled}); rerr != nil {
+					t.Error(rerr)
+				}
 				<-ctx.Done()
+				if err != nil {
+					return err
+				}
 				return ctx.Err()
 			}
-			return cl.Apply(ctx, obj, opts...)
-		},
-	})
-	h := startHub(t, nil, func(o *tunnel.Options) { o.Client, o.HandshakeTimeout = slow, time.Second })
-	key, _ := protocol.NewRedemptionKey()
-	enroll := request{identity: c.identity, kind: protocol.AuthEnrollment, secret: c.token.Reveal(), key: key.Reveal()}
+			slow := interceptor.NewClient(plain, interceptor.Funcs{
+				Apply: func(ctx context.Context, cl client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+					if tc.late(c, obj) && late.CompareAndSwap(false, true) {
+						return lateAnswer(ctx, func(ctx context.Context) error { return cl.Apply(ctx, obj, opts...) })
+					}
+					return cl.Apply(ctx, obj, opts...)
+				},
+				SubResourcePatch: func(ctx context.Context, cl client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+					if tc.late(c, obj) && late.CompareAndSwap(false, true) {
+						return lateAnswer(ctx, func(ctx context.Context) error { return cl.SubResource(sub).Patch(ctx, obj, patch, opts...) })
+					}
+					return cl.SubResource(sub).Patch(ctx, obj, patch, opts...)
+				},
+			})
+			h := startHub(t, nil, func(o *tunnel.Options) { o.Client, o.HandshakeTimeout = slow, 5*time.Second })
+			key, _ := protocol.NewRedemptionKey()
+			enroll := request{identity: c.identity, kind: protocol.AuthEnrollment, secret: c.token.Reveal(), key: key.Reveal()}
 
-	ws, resp, err := h.dial(t.Context(), enroll)
-	if ws != nil {
-		_ = ws.Close()
-		t.Fatal("the agent was admitted though its credential was never stored")
+			ws, resp, err := h.dial(t.Context(), enroll)
+			if ws != nil {
+				_ = ws.Close()
+				t.Fatal("the agent was admitted though the hub never heard its redemption was stored")
+			}
+			if resp == nil || resp.StatusCode != http.StatusServiceUnavailable || !late.Load() {
+				t.Fatalf("the first attempt was answered %v (%v), an answer came late: %v; want 503 after a late answer", resp, err, late.Load())
+			}
+			h.issued(t, enroll)
+			noSecretIn(t, "the hub's log", h.log.String(), c.token.Reveal())
+		})
 	}
-	if resp == nil || resp.StatusCode != http.StatusServiceUnavailable || !stalled.Load() {
-		t.Fatalf("the first attempt was answered %v (%v), the credential's write stalled: %v; want 503 after a stalled write", resp, err, stalled.Load())
-	}
-	h.issued(t, enroll)
-	noSecretIn(t, "the hub's log", h.log.String(), c.token.Reveal())
 }

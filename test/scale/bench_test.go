@@ -260,19 +260,28 @@ func (w *world) changeAll(b *testing.B) (summarized, recorded time.Duration, for
 	sha := w.push("a workload namespace more or less on every cluster", map[string][]byte{fleet.FleetFile: []byte(next)})
 	began := time.Now()
 	w.hub.src.Trigger()
-	shown := make(chan error, 1)
+	// The summary is watched beside the records, every 5 milliseconds: the wave's
+	// figure is seconds, and the forge's store is not to be kept busy meanwhile.
+	type shown struct {
+		after time.Duration
+		err   error
+	}
+	summary := make(chan shown, 1)
+	stop := make(chan struct{})
+	defer close(stop)
 	go func() {
-		err := w.forgeShows(sha, "flotilla/fleet", "success", 10*time.Minute)
-		summarized = time.Since(began)
-		shown <- err
+		err := w.forgeShows(sha, "flotilla/fleet", "success", 10*time.Minute, 5*time.Millisecond, stop)
+		summary <- shown{time.Since(began), err}
 	}()
 	w.watch.waitAll(b, "every cluster configured at its new desired state", time.Hour, func(wc *v1alpha1.WorkerCluster) bool {
 		return ready(wc) && wc.Status.DesiredHash != desired[wc.Name]
 	})
 	recorded = time.Since(began)
-	if err := <-shown; err != nil {
-		b.Fatal(err)
+	got := <-summary
+	if got.err != nil {
+		b.Fatal(got.err)
 	}
+	summarized = got.after
 	made := w.forge.Store.Requests()[forgeBefore:]
 	kinds := map[string]int{}
 	for _, r := range made {
@@ -290,13 +299,14 @@ func (w *world) changeAll(b *testing.B) (summarized, recorded time.Duration, for
 // millisecond: what is measured is the hub's latency, not the test's patience.
 func (w *world) waitForge(b *testing.B, commit, context, state string, within time.Duration) {
 	b.Helper()
-	if err := w.forgeShows(commit, context, state, within); err != nil {
+	if err := w.forgeShows(commit, context, state, within, time.Millisecond, nil); err != nil {
 		b.Fatal(err)
 	}
 }
 
-// forgeShows is waitForge for any goroutine: it returns why it gave up.
-func (w *world) forgeShows(commit, context, state string, within time.Duration) error {
+// forgeShows is waitForge for any goroutine, looking every interval until stop is
+// closed: it returns why it gave up.
+func (w *world) forgeShows(commit, context, state string, within, every time.Duration, stop <-chan struct{}) error {
 	deadline := time.Now().Add(within)
 	last := "no status"
 	for time.Now().Before(deadline) {
@@ -308,7 +318,11 @@ func (w *world) forgeShows(commit, context, state string, within time.Duration) 
 				last = r.State + ": " + r.Description
 			}
 		}
-		time.Sleep(time.Millisecond)
+		select {
+		case <-stop:
+			return fmt.Errorf("%s %s on %.8s: stopped looking; last: %s", context, state, commit, last)
+		case <-time.After(every):
+		}
 	}
 	return fmt.Errorf("%s %s on %.8s: not within %s; last: %s", context, state, commit, within, last)
 }

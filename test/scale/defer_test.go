@@ -213,13 +213,9 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 		recorded := start(func() (*v1alpha1.WorkerCluster, error) { return viewed.Record(ctx, key, ack) })
 		held.WaitStarted(t)
 		waitTold(t, key, "while its acknowledgement's write was held")
+		// The patch is held until released: a View that waited for it would never return.
 		view := start(func() (*v1alpha1.WorkerCluster, error) { return viewed.View(ctx, key) })
-		view.window()
-		select {
-		case <-view.done:
-		default:
-			t.Fatal("View waited for the write under way")
-		}
+		view.within(t, "View, while the write is held")
 		got, err := view.wait()
 		if err != nil {
 			t.Fatal(err)
@@ -239,6 +235,28 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 		if viewed.Recording(key) || !acknowledged(stored(t, key)) {
 			t.Errorf("after the write Recording is %v and the stored status %+v; want nothing under way and the acknowledgement stored", viewed.Recording(key), stored(t, key).Status)
 		}
+	})
+
+	t.Run("a derivation asked for while a write is under way leaves it to the write", func(t *testing.T) {
+		key := newCluster(t, "derive-while-held")
+		release := held.Next(key)
+		defer release()
+		recorded := start(func() (*v1alpha1.WorkerCluster, error) {
+			return viewed.Record(ctx, key, conditions.Desired{Hash: "sha256:d"})
+		})
+		held.WaitStarted(t)
+		// A hub's refresh derives this way: it must not wait for a write that waits for
+		// the request budget.
+		idle := start(func() (struct{}, error) { return struct{}{}, viewed.RecordIfIdle(ctx, key) })
+		idle.within(t, "RecordIfIdle, while the write is held")
+		if _, err := idle.wait(); err != nil {
+			t.Fatal(err)
+		}
+		release()
+		if _, err := recorded.wait(); err != nil {
+			t.Fatal(err)
+		}
+		waitTold(t, key, "once the write it found under way ended")
 	})
 
 	t.Run("a record that failed is no longer shown, and told of", func(t *testing.T) {
@@ -316,6 +334,17 @@ func (c *call[T]) window() {
 	select {
 	case <-c.done:
 	case <-time.After(raceWindow):
+	}
+}
+
+// within fails the test unless the call returns within poll.Deadline: for a call that
+// must not wait for what the test holds.
+func (c *call[T]) within(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(poll.Deadline):
+		t.Fatalf("%s waited for the write under way", what)
 	}
 }
 
