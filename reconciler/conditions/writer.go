@@ -55,6 +55,9 @@ type Writer struct {
 	// recording are the facts of the records under way, until the API server has
 	// stored them or refused: View shows them meanwhile.
 	recording map[client.ObjectKey][]Fact
+	// queued are the facts of records waiting for their WorkerCluster's lock, oldest
+	// first: View shows them after those under way.
+	queued map[client.ObjectKey][]*queuedFacts
 	// wanted are the WorkerClusters whose derivation RecordIfIdle left to the holder of
 	// their lock, which tells OnChange when it lets go.
 	wanted map[client.ObjectKey]bool
@@ -191,8 +194,11 @@ func NewWriterWith(c client.Client, opts WriterOptions) *Writer {
 	}
 	return &Writer{client: c, reader: opts.Reader, now: opts.Now, log: opts.Log,
 		known: map[client.ObjectKey]*stored{}, deferred: map[client.ObjectKey]*deferredFacts{},
-		recording: map[client.ObjectKey][]Fact{}, wanted: map[client.ObjectKey]bool{}}
+		recording: map[client.ObjectKey][]Fact{}, queued: map[client.ObjectKey][]*queuedFacts{}, wanted: map[client.ObjectKey]bool{}}
 }
+
+// queuedFacts are the facts of one record waiting for its WorkerCluster's lock.
+type queuedFacts struct{ facts []Fact }
 
 // OnChange has f called, synchronously, with the key of each WorkerCluster whose status
 // the Writer changes: once a record that changes it is on its way to the API server,
@@ -211,12 +217,32 @@ func (w *Writer) OnChange(f func(client.ObjectKey)) {
 // the same write. Nothing is written when nothing changed. It returns the
 // WorkerCluster as stored afterwards.
 func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact) (*v1alpha1.WorkerCluster, error) {
-	defer w.lock(key)()
-	wc, err := w.record(ctx, key, w.takeDeferred(key, facts), facts)
+	unlock, q := w.lockToRecord(key, facts)
+	defer unlock()
+	wc, err := w.record(ctx, key, w.takeDeferred(key, facts, q), facts)
 	if err != nil {
 		return nil, fmt.Errorf("recording the status of WorkerCluster %s: %w", key, err)
 	}
 	return wc, nil
+}
+
+// lockToRecord holds the WorkerCluster named key for a record of facts. When another
+// write holds it, most often one waiting for the hub's request budget (deferred facts
+// whose wait ran out, in a fleet-wide change), the facts are queued, shown (View) and
+// told of while the record waits: an agent's acknowledgement then reaches its commit
+// status at once, not a minute later. The record takes q off the queue.
+func (w *Writer) lockToRecord(key client.ObjectKey, facts []Fact) (unlock func(), q *queuedFacts) {
+	if unlock, ok := w.writing.tryLock(key); ok {
+		return w.after(key, unlock), nil
+	}
+	if len(facts) > 0 {
+		q = &queuedFacts{facts: facts}
+		w.mu.Lock()
+		w.queued[key] = append(w.queued[key], q)
+		w.mu.Unlock()
+		w.notify(key)
+	}
+	return w.after(key, w.writing.lock(key)), q
 }
 
 // RecordIfIdle is Record with no facts, for a WorkerCluster nobody holds: it derives,
@@ -238,7 +264,7 @@ func (w *Writer) RecordIfIdle(ctx context.Context, key client.ObjectKey) error {
 	delete(w.wanted, key)
 	w.mu.Unlock()
 	defer w.after(key, unlock)()
-	if _, err := w.record(ctx, key, w.takeDeferred(key, nil), nil); err != nil {
+	if _, err := w.record(ctx, key, w.takeDeferred(key, nil, nil), nil); err != nil {
 		return fmt.Errorf("recording the status of WorkerCluster %s: %w", key, err)
 	}
 	return nil
@@ -339,7 +365,7 @@ func (w *Writer) flush(key client.ObjectKey, d *deferredFacts) {
 	if !current {
 		return // written with another write meanwhile
 	}
-	w.takeDeferred(key, nil)
+	w.takeDeferred(key, nil, nil)
 	if d.ctx.Err() != nil {
 		w.endRecording(key)
 		return // deferred by a hub that stopped
@@ -353,10 +379,17 @@ func (w *Writer) flush(key client.ObjectKey, d *deferredFacts) {
 
 // takeDeferred takes the facts deferred for the WorkerCluster named key, if any, for
 // a record of them and facts, and shows them as under way (View) from the same
-// instant, so that no read in between misses them. The record ends that.
-func (w *Writer) takeDeferred(key client.ObjectKey, facts []Fact) *deferredFacts {
+// instant, so that no read in between misses them; facts leave the queue, q, in that
+// instant too. The record ends that.
+func (w *Writer) takeDeferred(key client.ObjectKey, facts []Fact, q *queuedFacts) *deferredFacts {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if q != nil {
+		w.queued[key] = slices.DeleteFunc(w.queued[key], func(o *queuedFacts) bool { return o == q })
+		if len(w.queued[key]) == 0 {
+			delete(w.queued, key)
+		}
+	}
 	d := w.deferred[key]
 	if d == nil {
 		w.recording[key] = facts
@@ -385,7 +418,8 @@ func (w *Writer) deferAgain(key client.ObjectKey, d *deferredFacts) {
 }
 
 // View is the WorkerCluster named key as it will be stored: as last stored, with the
-// facts of a record under way and those deferred recorded, derived now. Unlike Get it
+// facts of the record under way, of those waiting their turn and those deferred
+// recorded, derived now. Unlike Get it
 // never waits for a write: a commit status posted from it is not held up by the hub
 // cluster's request budget. A record under way that changes the status tells OnChange
 // as it starts, and again when it ends.
@@ -396,6 +430,9 @@ func (w *Writer) View(ctx context.Context, key client.ObjectKey) (*v1alpha1.Work
 	// moment; that record tells OnChange as it ends, and the next View is right.
 	w.mu.Lock()
 	facts := slices.Clone(w.recording[key])
+	for _, q := range w.queued[key] {
+		facts = append(facts, q.facts...)
+	}
 	if d := w.deferred[key]; d != nil {
 		facts = append(facts, d.facts...)
 	}

@@ -202,14 +202,21 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 	acknowledged := func(wc *v1alpha1.WorkerCluster) bool {
 		return wc.Status.AppliedHash == "sha256:b" && wc.Status.DesiredHash == "sha256:b" && wc.SourceCommit() == "c0ffee"
 	}
-
-	t.Run("a record under way is shown and told of before it is stored", func(t *testing.T) {
-		key := newCluster(t, "shown-under-way")
+	// sentAndHeld is a new WorkerCluster to which the desired state was sent, deferred
+	// as the hub defers it, whose next status patch is held until released.
+	sentAndHeld := func(t *testing.T, name string) (client.ObjectKey, func()) {
+		t.Helper()
+		key := newCluster(t, name)
 		if changed, err := viewed.Defer(ctx, key, time.Hour, sent...); err != nil || !changed {
 			t.Fatalf("Defer = %v, %v; want a change", changed, err)
 		}
 		release := held.Next(key)
-		defer release()
+		t.Cleanup(release)
+		return key, release
+	}
+
+	t.Run("a record under way is shown and told of before it is stored", func(t *testing.T) {
+		key, release := sentAndHeld(t, "shown-under-way")
 		recorded := start(func() (*v1alpha1.WorkerCluster, error) { return viewed.Record(ctx, key, ack) })
 		held.WaitStarted(t)
 		waitTold(t, key, "while its acknowledgement's write was held")
@@ -237,6 +244,35 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 		}
 	})
 
+	t.Run("a record waiting behind another write is shown and told of at once", func(t *testing.T) {
+		// In a fleet-wide change, deferred facts whose wait ran out may hold a cluster
+		// for a minute in the request budget's queue when its agent's acknowledgement
+		// comes.
+		key, release := sentAndHeld(t, "queued-behind-a-write")
+		flushed := start(func() (*v1alpha1.WorkerCluster, error) { return viewed.Record(ctx, key) })
+		held.WaitStarted(t)
+		waitTold(t, key, "while the deferred facts' write was held")
+		recorded := start(func() (*v1alpha1.WorkerCluster, error) { return viewed.Record(ctx, key, ack) })
+		waitTold(t, key, "while its acknowledgement waited behind the held write")
+		got, err := viewed.View(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !acknowledged(got) {
+			t.Errorf("while the acknowledgement waited View showed applied %q, desired %q, source %q; want the acknowledgement of sha256:b from c0ffee",
+				got.Status.AppliedHash, got.Status.DesiredHash, got.SourceCommit())
+		}
+		release()
+		for _, c := range []*call[*v1alpha1.WorkerCluster]{flushed, recorded} {
+			if _, err := c.wait(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if s := stored(t, key); !acknowledged(s) {
+			t.Errorf("once released the stored status is %+v, want the acknowledgement", s.Status)
+		}
+	})
+
 	t.Run("a derivation asked for while a write is under way leaves it to the write", func(t *testing.T) {
 		key := newCluster(t, "derive-while-held")
 		release := held.Next(key)
@@ -260,12 +296,7 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 	})
 
 	t.Run("a record that failed is no longer shown, and told of", func(t *testing.T) {
-		key := newCluster(t, "shown-then-failed")
-		if changed, err := viewed.Defer(ctx, key, time.Hour, sent...); err != nil || !changed {
-			t.Fatalf("Defer = %v, %v; want a change", changed, err)
-		}
-		release := held.Next(key)
-		defer release()
+		key, _ := sentAndHeld(t, "shown-then-failed")
 		recordCtx, cancel := context.WithCancel(ctx)
 		recorded := start(func() (*v1alpha1.WorkerCluster, error) { return viewed.Record(recordCtx, key, ack) })
 		held.WaitStarted(t)
