@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
@@ -46,9 +49,14 @@ type session struct {
 
 	mu            sync.Mutex
 	lastSeenSaved time.Time
-	sent          string // hash of the desired state sent last
-	timers        []*time.Timer
-	closed        bool
+	// unrecorded are facts whose record failed, oldest first, for the session's next
+	// record; unrecordedSince says how many records changed them, so that a record
+	// that succeeded clears only what it took.
+	unrecorded      []conditions.Fact
+	unrecordedSince int
+	sent            string // hash of the desired state sent last
+	timers          []*time.Timer
+	closed          bool
 	// next is the desired state waiting for the writer; a newer one replaces it.
 	next *protocol.DesiredState
 	// writing is set while a writer goroutine drains next. There is none while nothing
@@ -247,7 +255,10 @@ func (s *session) seen(ctx context.Context) error {
 	now := s.srv.opts.Now()
 	every := s.srv.lastSeenEvery()
 	s.mu.Lock()
-	due := now.Sub(s.lastSeenSaved) >= every
+	// A record that failed goes again with the next heartbeat: a connection or an
+	// acknowledgement the hub cluster refused once must not wait for the agent's
+	// next reconnect.
+	due := now.Sub(s.lastSeenSaved) >= every || len(s.unrecorded) > 0
 	if due {
 		s.lastSeenSaved = now
 	}
@@ -270,8 +281,38 @@ func (s *session) inventory(ctx context.Context, inv *protocol.Inventory) error 
 	return s.record(ctx, conditions.Inventory{Report: inv})
 }
 
-// record hands facts about the agent to the owner of the WorkerCluster's status.
+// record hands facts about the agent to the owner of the WorkerCluster's status, after
+// those whose record failed before. Facts whose record fails are kept for the next
+// one, the newest of each kind: each kind of fact says all it knows.
 func (s *session) record(ctx context.Context, facts ...conditions.Fact) error {
-	_, err := s.srv.opts.Status.Record(ctx, client.ObjectKeyFromObject(s.wc), facts...)
+	s.mu.Lock()
+	all, since := append(slices.Clip(s.unrecorded), facts...), s.unrecordedSince
+	s.mu.Unlock()
+	_, err := s.srv.opts.Status.Record(ctx, client.ObjectKeyFromObject(s.wc), all...)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case err == nil || apierrors.IsNotFound(err):
+		if s.unrecordedSince == since {
+			s.unrecorded = nil
+		}
+	case len(facts) > 0:
+		s.unrecorded = newestOfEach(append(s.unrecorded, facts...))
+		s.unrecordedSince++
+	}
 	return err
+}
+
+// newestOfEach keeps the newest fact of each kind, in the order they were learnt.
+func newestOfEach(facts []conditions.Fact) []conditions.Fact {
+	seen := map[reflect.Type]bool{}
+	var out []conditions.Fact
+	for i := len(facts) - 1; i >= 0; i-- {
+		if t := reflect.TypeOf(facts[i]); !seen[t] {
+			seen[t] = true
+			out = append(out, facts[i])
+		}
+	}
+	slices.Reverse(out)
+	return out
 }

@@ -1,0 +1,49 @@
+package tunnel_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
+)
+
+// A report the hub cluster refused once is recorded with the agent's next heartbeat:
+// a connection recorded only at hello would otherwise leave the cluster waiting for its
+// agent, connected all along, until the agent reconnects.
+func TestAReportTheHubClusterRefusedGoesAgainWithTheNextHeartbeat(t *testing.T) {
+	c := newCluster(t, "refused-once")
+	plain, err := client.NewWithWatch(planes[0].Config, client.Options{Scheme: admin().Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refused atomic.Bool
+	flaky := interceptor.NewClient(plain, interceptor.Funcs{
+		SubResourcePatch: func(ctx context.Context, cl client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			wc, ok := obj.(*v1alpha1.WorkerCluster)
+			if ok && wc.Name == c.name && condition(wc, v1alpha1.ConditionConnected) != nil && refused.CompareAndSwap(false, true) {
+				return apierrors.NewServiceUnavailable("the hub cluster is restarting")
+			}
+			return cl.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+	})
+	h := startHub(t, nil, func(o *tunnel.Options) { o.Client = flaky })
+	p := h.enroll(t, c)
+	eventually(t, "the hello's record refused", func() (bool, string) { return refused.Load(), "not yet" })
+	if err := p.conn.Send(protocol.TypeHeartbeat, &protocol.Heartbeat{Time: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the connection recorded", func() (bool, string) {
+		cond := condition(c.wc(t), v1alpha1.ConditionConnected)
+		return cond != nil && cond.Status == metav1.ConditionTrue, fmt.Sprintf("Connected %+v", cond)
+	})
+}
