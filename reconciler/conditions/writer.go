@@ -445,14 +445,6 @@ func (w *Writer) View(ctx context.Context, key client.ObjectKey) (*v1alpha1.Work
 	return wc, nil
 }
 
-// Recording reports whether a record of the WorkerCluster named key is under way.
-func (w *Writer) Recording(key client.ObjectKey) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	_, ok := w.recording[key]
-	return ok
-}
-
 // Get is the WorkerCluster named key as last stored, with the facts deferred for it
 // recorded: from the Reader when it caught up with what the Writer knows, else from
 // what the Writer knows or the API server.

@@ -274,18 +274,15 @@ func (s *session) credentialStored(ctx context.Context, m *protocol.CredentialSt
 // sweepCredentials judges again, every CredentialCheckEvery until Close, the
 // WorkerClusters of the clusters whose agent is away.
 func (s *Server) sweepCredentials() {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { <-s.done; cancel() }()
 	t := time.NewTicker(s.opts.CredentialCheckEvery)
 	defer t.Stop()
 	for {
 		select {
-		case <-s.done:
+		case <-s.life.Done():
 			return
 		case <-t.C:
 		}
-		s.sweepOnce(ctx)
+		s.sweepOnce(s.life)
 	}
 }
 

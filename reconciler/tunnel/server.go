@@ -136,10 +136,11 @@ type Server struct {
 	// watches that wait for their agent to redial wake on it.
 	registered chan struct{}
 	closing    atomic.Bool
-	// done is closed by Close: the sweep of disconnected agents' credentials ends.
-	done      chan struct{}
-	closeOnce sync.Once
-	sweeping  sync.Once
+	// life ends with Close, and with it the sweep of disconnected agents' credentials
+	// and the retries of facts the sessions could not record.
+	life     context.Context
+	endLife  context.CancelFunc
+	sweeping sync.Once
 }
 
 // pushed is what the hub last pushed for an identity.
@@ -195,6 +196,7 @@ func New(opts Options) (*Server, error) {
 	if opts.CredentialCheckEvery <= 0 {
 		opts.CredentialCheckEvery = 5 * time.Minute
 	}
+	life, endLife := context.WithCancel(context.Background())
 	return &Server{
 		opts: opts,
 		upgrader: websocket.Upgrader{
@@ -210,7 +212,8 @@ func New(opts Options) (*Server, error) {
 		desired:     map[string]pushed{},
 		proxyTokens: map[string]secrets.Hash{},
 		registered:  make(chan struct{}),
-		done:        make(chan struct{}),
+		life:        life,
+		endLife:     endLife,
 	}, nil
 }
 
@@ -367,7 +370,7 @@ func (s *Server) Disconnect(identity string) {
 // finds out which of them come back.
 func (s *Server) Close() {
 	s.closing.Store(true)
-	s.closeOnce.Do(func() { close(s.done) })
+	s.endLife()
 	s.mu.Lock()
 	all := make([]*session, 0, len(s.sessions))
 	for _, sess := range s.sessions {

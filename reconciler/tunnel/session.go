@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"reflect"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,14 +47,9 @@ type session struct {
 
 	mu            sync.Mutex
 	lastSeenSaved time.Time
-	// unrecorded are facts whose record failed, oldest first, for the session's next
-	// record; unrecordedSince says how many records changed them, so that a record
-	// that succeeded clears only what it took.
-	unrecorded      []conditions.Fact
-	unrecordedSince int
-	sent            string // hash of the desired state sent last
-	timers          []*time.Timer
-	closed          bool
+	sent          string // hash of the desired state sent last
+	timers        []*time.Timer
+	closed        bool
 	// next is the desired state waiting for the writer; a newer one replaces it.
 	next *protocol.DesiredState
 	// writing is set while a writer goroutine drains next. There is none while nothing
@@ -255,10 +248,7 @@ func (s *session) seen(ctx context.Context) error {
 	now := s.srv.opts.Now()
 	every := s.srv.lastSeenEvery()
 	s.mu.Lock()
-	// A record that failed goes again with the next heartbeat: a connection or an
-	// acknowledgement the hub cluster refused once must not wait for the agent's
-	// next reconnect.
-	due := now.Sub(s.lastSeenSaved) >= every || len(s.unrecorded) > 0
+	due := now.Sub(s.lastSeenSaved) >= every
 	if due {
 		s.lastSeenSaved = now
 	}
@@ -281,38 +271,18 @@ func (s *session) inventory(ctx context.Context, inv *protocol.Inventory) error 
 	return s.record(ctx, conditions.Inventory{Report: inv})
 }
 
-// record hands facts about the agent to the owner of the WorkerCluster's status, after
-// those whose record failed before. Facts whose record fails are kept for the next
-// one, the newest of each kind: each kind of fact says all it knows.
+// record hands facts about the agent to the owner of the WorkerCluster's status. Facts
+// the hub cluster refused wait as deferred ones, shown meanwhile, and go with the
+// cluster's next write or on their own a heartbeat later, again until stored: the
+// session learns each only once, and a connection refused once must not leave the
+// cluster waiting for an agent connected all along until it reconnects.
 func (s *session) record(ctx context.Context, facts ...conditions.Fact) error {
-	s.mu.Lock()
-	all, since := append(slices.Clip(s.unrecorded), facts...), s.unrecordedSince
-	s.mu.Unlock()
-	_, err := s.srv.opts.Status.Record(ctx, client.ObjectKeyFromObject(s.wc), all...)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case err == nil || apierrors.IsNotFound(err):
-		if s.unrecordedSince == since {
-			s.unrecorded = nil
+	key := client.ObjectKeyFromObject(s.wc)
+	_, err := s.srv.opts.Status.Record(ctx, key, facts...)
+	if err != nil && len(facts) > 0 && !apierrors.IsNotFound(err) {
+		if _, derr := s.srv.opts.Status.Defer(s.srv.life, key, s.srv.opts.Liveness.Interval, facts...); derr != nil {
+			s.log.Error("keeping facts the hub cluster refused for later", "error", derr)
 		}
-	case len(facts) > 0:
-		s.unrecorded = newestOfEach(append(s.unrecorded, facts...))
-		s.unrecordedSince++
 	}
 	return err
-}
-
-// newestOfEach keeps the newest fact of each kind, in the order they were learnt.
-func newestOfEach(facts []conditions.Fact) []conditions.Fact {
-	seen := map[reflect.Type]bool{}
-	var out []conditions.Fact
-	for i := len(facts) - 1; i >= 0; i-- {
-		if t := reflect.TypeOf(facts[i]); !seen[t] {
-			seen[t] = true
-			out = append(out, facts[i])
-		}
-	}
-	slices.Reverse(out)
-	return out
 }
