@@ -189,7 +189,8 @@ func (c Cause) String() string {
 }
 
 // Disconnected: the agent's tunnel ended, for Cause. WriteTimeout is the tunnel's, for
-// the message of a Stuck agent.
+// the message of a Stuck agent. For NotBack, At is when the hub looked: an agent seen
+// since came back, and stays connected, however late this fact is recorded.
 type Disconnected struct {
 	At           time.Time
 	Cause        Cause
@@ -199,8 +200,11 @@ type Disconnected struct {
 func (f Disconnected) record(wc *v1alpha1.WorkerCluster) {
 	if f.Cause == NotBack {
 		// Only what a previous hub left connected: an agent that disconnected says
-		// when and why already.
-		if c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected); c != nil && c.Status == metav1.ConditionTrue {
+		// when and why already. The stored lastSeen has whole seconds: one in the
+		// second the hub looked may be an agent that came back just after.
+		c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
+		seenSince := !f.At.IsZero() && wc.Status.LastSeen != nil && !wc.Status.LastSeen.Time.Before(f.At.Truncate(time.Second))
+		if c != nil && c.Status == metav1.ConditionTrue && !seenSince {
 			set(wc, v1alpha1.ConditionConnected, metav1.ConditionFalse, v1alpha1.ReasonTunnelDown, "the agent has not connected since the hub restarted")
 		}
 		return

@@ -165,23 +165,34 @@ func TestConnectionFacts(t *testing.T) {
 		// says is a part of the message a person reads.
 		says     string
 		lastSeen bool
+		// seen, when set, is the lastSeen stored before the fact.
+		seen time.Time
 	}{
 		{"a hello connects", []string{"Connected=False/TunnelDown"}, Connected{At: at, AgentVersion: "v0.9.0", KubernetesVersion: "v1.34.1"},
-			metav1.ConditionTrue, v1alpha1.ReasonTunnelUp, "agent v0.9.0 on Kubernetes v1.34.1", true},
+			metav1.ConditionTrue, v1alpha1.ReasonTunnelUp, "agent v0.9.0 on Kubernetes v1.34.1", true, time.Time{}},
 		{"a hang-up keeps the worker's state", []string{"Connected=True/TunnelUp"}, Disconnected{At: at, Cause: HungUp},
-			metav1.ConditionFalse, v1alpha1.ReasonTunnelDown, "disconnected at 2026-12-04T09:30:00Z; the worker keeps its last applied state", true},
+			metav1.ConditionFalse, v1alpha1.ReasonTunnelDown, "disconnected at 2026-12-04T09:30:00Z; the worker keeps its last applied state", true, time.Time{}},
 		{"a stuck agent says how long it took nothing", []string{"Connected=True/TunnelUp"}, Disconnected{At: at, Cause: Stuck, WriteTimeout: 30 * time.Second},
-			metav1.ConditionFalse, v1alpha1.ReasonSendTimeout, "took nothing the hub sent for 30s", true},
+			metav1.ConditionFalse, v1alpha1.ReasonSendTimeout, "took nothing the hub sent for 30s", true, time.Time{}},
 		{"a stalled connection is a send timeout", []string{"Connected=True/TunnelUp"}, Disconnected{At: at, Cause: Stalled},
-			metav1.ConditionFalse, v1alpha1.ReasonSendTimeout, "stopped taking data", true},
+			metav1.ConditionFalse, v1alpha1.ReasonSendTimeout, "stopped taking data", true, time.Time{}},
 		{"an agent not back after a hub restart is down", []string{"Connected=True/TunnelUp"}, Disconnected{Cause: NotBack},
-			metav1.ConditionFalse, v1alpha1.ReasonTunnelDown, "has not connected since the hub restarted", false},
+			metav1.ConditionFalse, v1alpha1.ReasonTunnelDown, "has not connected since the hub restarted", false, time.Time{}},
 		{"not back keeps the reason of an agent that had disconnected", []string{"Connected=False/SendTimeout"}, Disconnected{Cause: NotBack},
-			metav1.ConditionFalse, v1alpha1.ReasonSendTimeout, "before", false},
+			metav1.ConditionFalse, v1alpha1.ReasonSendTimeout, "before", false, time.Time{}},
+		{"an agent not back when the hub looked is down", []string{"Connected=True/TunnelUp"}, Disconnected{At: at, Cause: NotBack},
+			metav1.ConditionFalse, v1alpha1.ReasonTunnelDown, "has not connected since the hub restarted", false, at.Add(-time.Hour)},
+		{"not back leaves an agent seen since the hub looked connected", []string{"Connected=True/TunnelUp"}, Disconnected{At: at, Cause: NotBack},
+			metav1.ConditionTrue, v1alpha1.ReasonTunnelUp, "", false, at.Add(time.Minute)},
+		{"not back leaves an agent seen in the second the hub looked connected", []string{"Connected=True/TunnelUp"}, Disconnected{At: at.Add(700 * time.Millisecond), Cause: NotBack},
+			metav1.ConditionTrue, v1alpha1.ReasonTunnelUp, "", true, at},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			wc := worker(tt.before...)
+			if !tt.seen.IsZero() {
+				wc.Status.LastSeen = &metav1.Time{Time: tt.seen}
+			}
 			tt.fact.record(wc)
 			c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
 			if c.Status != tt.status || c.Reason != tt.reason || !strings.Contains(c.Message, tt.says) {

@@ -177,7 +177,7 @@ type WriterOptions struct {
 	// Reader, when set, is where a record first reads the WorkerCluster: an informer
 	// cache of them. Nil reads the client.
 	Reader client.Reader
-	// Log is where deferred facts that could not be written are told of.
+	// Log is where deferred facts that could not be written, or kept, are told of.
 	Log *slog.Logger
 }
 
@@ -351,6 +351,23 @@ func (w *Writer) Defer(ctx context.Context, key client.ObjectKey, within time.Du
 	}
 	d.facts = append(d.facts, facts...)
 	return true, nil
+}
+
+// RecordOrRetry is Record for facts the caller learns only once, such as an agent's
+// report or Kueue's judgement of a worker: when the hub cluster refuses their write
+// (other than for a WorkerCluster gone), they wait as deferred facts, shown by View,
+// and go with the cluster's next write or on their own every interval until stored
+// or life ends. Without that, one refused write would leave the status behind the
+// truth until the next fact came, which may be never. It returns Record's error.
+func (w *Writer) RecordOrRetry(ctx, life context.Context, key client.ObjectKey, every time.Duration, facts ...Fact) (*v1alpha1.WorkerCluster, error) {
+	wc, err := w.Record(ctx, key, facts...)
+	if err == nil || len(facts) == 0 || apierrors.IsNotFound(err) {
+		return wc, err
+	}
+	if _, derr := w.Defer(life, key, every, facts...); derr != nil {
+		w.log.Error("keeping facts the hub cluster refused for later", "workerCluster", key, "error", derr)
+	}
+	return nil, err
 }
 
 // flushTimeout bounds the write of deferred facts whose time came.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -293,8 +294,14 @@ func (d *Dispatcher) PlacedOn(ctx context.Context, namespaces []string, identity
 	return n, nil
 }
 
+// judgedRetry is how often a judgement of Kueue's that the hub cluster refused to
+// record is tried again.
+const judgedRetry = 10 * time.Second
+
 // Judged carries Kueue's judgement of a MultiKueueCluster over to its WorkerCluster.
-// Call it for every change of a MultiKueueCluster the hub sees.
+// Call it for every change of a MultiKueueCluster the hub sees, with a context that
+// lives as long as the hub: Kueue says a judgement once, so one the hub cluster refused
+// is tried again (judgedRetry) until stored or ctx ends.
 func (d *Dispatcher) Judged(ctx context.Context, mc *kueue.MultiKueueCluster) error {
 	identity := mc.Labels[v1alpha1.WorkerClusterLabel]
 	d.mu.Lock()
@@ -309,7 +316,7 @@ func (d *Dispatcher) Judged(ctx context.Context, mc *kueue.MultiKueueCluster) er
 			active = &v1alpha1.KueueCondition{Status: c.Status, Reason: c.Reason, Message: c.Message}
 		}
 	}
-	_, err := d.opts.Status.Record(ctx, key, conditions.KueueJudged{Active: active})
+	_, err := d.opts.Status.RecordOrRetry(ctx, ctx, key, judgedRetry, conditions.KueueJudged{Active: active})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,27 +50,92 @@ type waveHub struct {
 	repo   *gitserver.Repo
 	forge  *githubtest.Server
 	files  map[string][]byte // the fleet at main's head
+	ids    *secrets.Identities
+	// stop stops the hub; the test's cleanup does too.
+	stop func()
 }
 
 const wavePublicURL = "https://hub.example"
 
+// waveOptions shape a waveHub.
+type waveOptions struct {
+	clusters, threshold int
+	// writes, when set, is the client the WorkerClusters' status is written through.
+	writes client.Client
+	// staleAfter is the hub's StaleAfter; zero keeps its default.
+	staleAfter time.Duration
+	// restarts, when set, is a stopped hub whose namespace, repository and forge the
+	// new one takes over: the same hub, restarted.
+	restarts *waveHub
+}
+
 func startWaveHub(t *testing.T, clusters, threshold int) *waveHub {
 	t.Helper()
-	return startWaveHubWriting(t, clusters, threshold, planes[0].Client)
+	return startWave(t, waveOptions{clusters: clusters, threshold: threshold})
 }
 
 // startWaveHubWriting is startWaveHub with the WorkerClusters' status written through
 // writes.
 func startWaveHubWriting(t *testing.T, clusters, threshold int, writes client.Client) *waveHub {
 	t.Helper()
-	ctx := t.Context()
+	return startWave(t, waveOptions{clusters: clusters, threshold: threshold, writes: writes})
+}
+
+func startWave(t *testing.T, o waveOptions) *waveHub {
+	t.Helper()
 	c := planes[0].Client
-	ns := "wave-" + forge.RandomHex(4)
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+	if o.writes == nil {
+		o.writes = c
+	}
+	w := o.restarts
+	if w == nil {
+		w = newWaveFleet(t, o.clusters)
+	}
+	w = &waveHub{t: t, ns: w.ns, repo: w.repo, forge: w.forge, files: w.files, ids: w.ids}
+	status := conditions.NewWriter(o.writes)
+	tun, err := tunnel.New(tunnel.Options{Client: c, Status: status, AllowInsecureLoopback: true})
+	if err != nil {
 		t.Fatal(err)
 	}
+	h, err := New(Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: w.ids}), Tunnel: tun, Status: status,
+		Plans: plan.NewStore(0), PublicURL: wavePublicURL, Log: slog.New(slog.DiscardHandler), StaleAfter: o.staleAfter})
+	if err != nil {
+		tun.Close()
+		t.Fatal(err)
+	}
+	backend, err := github.New(github.Options{BaseURL: w.forge.URL, Owner: w.forge.Owner, Repo: w.forge.Repo, Token: w.forge.Token})
+	if err != nil {
+		tun.Close()
+		t.Fatal(err)
+	}
+	src, err := h.AddSource(SourceOptions{Name: "fleet", Git: gitsource.Options{URL: w.repo.URL(), Branch: "main"}, Tenant: "example", Namespace: w.ns,
+		Statuses: backend, Poll: time.Hour, SummaryThreshold: o.threshold})
+	if err != nil {
+		tun.Close()
+		t.Fatal(err)
+	}
+	// The summary's count moves with every cluster; a test waits for its last form.
+	src.book.every = 100 * time.Millisecond
+	w.hub, w.src, w.status = h, src, status
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { src.Run(runCtx); close(done) }()
+	var stopOnce sync.Once
+	w.stop = func() { stopOnce.Do(func() { cancel(); <-done; tun.Close() }) }
+	t.Cleanup(w.stop)
+	return w
+}
 
-	// A fleet of clusters whose enrollment files the hub's age key opens.
+// newWaveFleet makes a namespace, a fleet of clusters whose enrollment files a new age
+// key opens, its repository on the git server and a GitHub test server that knows its
+// head: all a waveHub needs but the hub.
+func newWaveFleet(t *testing.T, clusters int) *waveHub {
+	t.Helper()
+	ctx := t.Context()
+	ns := "wave-" + forge.RandomHex(4)
+	if err := planes[0].Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
 	id := sopstest.NewIdentity(t)
 	dir := t.TempDir()
 	cfg := sopstest.WriteConfig(t, dir, sopstest.Rule{PathRegex: sopstest.EnrollmentPathRegex, EncryptedRegex: "^token$", Age: []*age.X25519Identity{id}})
@@ -90,43 +156,15 @@ func startWaveHubWriting(t *testing.T, clusters, threshold int, writes client.Cl
 		}
 	}
 	repo := gitserver.Start(t).NewRepo(t, "fleet", writeFiles(t, files))
-
 	ids, err := secrets.NewIdentities(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	status := conditions.NewWriter(writes)
-	tun, err := tunnel.New(tunnel.Options{Client: c, Status: status, AllowInsecureLoopback: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(tun.Close)
-	h, err := New(Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids}), Tunnel: tun, Status: status,
-		Plans: plan.NewStore(0), PublicURL: wavePublicURL, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := githubtest.Start(t)
 	// A budget that a test does not wait on, stated on every answer as GitHub's is.
 	srv.SetRateLimit(100_000, time.Minute)
-	backend, err := github.New(github.Options{BaseURL: srv.URL, Owner: srv.Owner, Repo: srv.Repo, Token: srv.Token})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := h.AddSource(SourceOptions{Name: "fleet", Git: gitsource.Options{URL: repo.URL(), Branch: "main"}, Tenant: "example", Namespace: ns,
-		Statuses: backend, Poll: time.Hour, SummaryThreshold: threshold})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The summary's count moves with every cluster; a test waits for its last form.
-	src.book.every = 100 * time.Millisecond
-	w := &waveHub{t: t, hub: h, src: src, status: status, ns: ns, repo: repo, forge: srv, files: files}
 	srv.AddCommit(repo.Head("main"))
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { src.Run(runCtx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return w
+	return &waveHub{t: t, ns: ns, repo: repo, forge: srv, files: files, ids: ids}
 }
 
 func writeFiles(t *testing.T, files map[string][]byte) string {

@@ -265,12 +265,22 @@ func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.F
 	}
 }
 
+// staleRetry is how soon markStale, which runs once, tries again what the hub cluster
+// refused: the list of WorkerClusters, or the record of one.
+const staleRetry = 10 * time.Second
+
 // markStale records as disconnected the clusters whose Connected condition a previous
 // hub left True and whose agent did not come back to this one.
 func (s *Source) markStale(ctx context.Context) {
+	looked := time.Now()
 	existing, err := s.workerClusters(ctx)
 	if err != nil {
-		s.log.Error("checking for agents that did not come back", "error", err)
+		s.log.Error("checking for agents that did not come back; trying again", "in", staleRetry, "error", err)
+		time.AfterFunc(staleRetry, func() {
+			if ctx.Err() == nil {
+				s.markStale(ctx)
+			}
+		})
 		return
 	}
 	for name, wc := range existing {
@@ -278,7 +288,7 @@ func (s *Source) markStale(ctx context.Context) {
 		if c == nil || c.Status != metav1.ConditionTrue || s.hub.opts.Tunnel.Connected(wc.Labels[v1alpha1.WorkerClusterLabel]) {
 			continue
 		}
-		_, err := s.hub.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), conditions.Disconnected{Cause: conditions.NotBack})
+		_, err := s.hub.opts.Status.RecordOrRetry(ctx, ctx, client.ObjectKeyFromObject(wc), staleRetry, conditions.Disconnected{At: looked, Cause: conditions.NotBack})
 		if err == nil {
 			err = s.refresh(ctx, name)
 		}

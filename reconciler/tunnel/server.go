@@ -157,8 +157,11 @@ func New(opts Options) (*Server, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
 	if opts.Status == nil {
-		opts.Status = conditions.NewWriterWith(opts.Client, conditions.WriterOptions{Now: opts.Now})
+		opts.Status = conditions.NewWriterWith(opts.Client, conditions.WriterOptions{Now: opts.Now, Log: opts.Log})
 	}
 	if opts.Liveness == (protocol.Liveness{}) {
 		opts.Liveness = protocol.DefaultLiveness
@@ -186,9 +189,6 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Reader == nil {
 		opts.Reader = opts.Client
-	}
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	if opts.CredentialLifetime <= 0 {
 		opts.CredentialLifetime = v1alpha1.DefaultCredentialLifetime

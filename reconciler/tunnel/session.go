@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
@@ -271,18 +270,11 @@ func (s *session) inventory(ctx context.Context, inv *protocol.Inventory) error 
 	return s.record(ctx, conditions.Inventory{Report: inv})
 }
 
-// record hands facts about the agent to the owner of the WorkerCluster's status. Facts
-// the hub cluster refused wait as deferred ones, shown meanwhile, and go with the
-// cluster's next write or on their own a heartbeat later, again until stored: the
-// session learns each only once, and a connection refused once must not leave the
-// cluster waiting for an agent connected all along until it reconnects.
+// record hands facts about the agent to the owner of the WorkerCluster's status. The
+// session learns each only once: facts the hub cluster refused are tried again a
+// heartbeat later, so that a connection refused once does not leave the cluster waiting
+// for an agent connected all along until it reconnects.
 func (s *session) record(ctx context.Context, facts ...conditions.Fact) error {
-	key := client.ObjectKeyFromObject(s.wc)
-	_, err := s.srv.opts.Status.Record(ctx, key, facts...)
-	if err != nil && len(facts) > 0 && !apierrors.IsNotFound(err) {
-		if _, derr := s.srv.opts.Status.Defer(s.srv.life, key, s.srv.opts.Liveness.Interval, facts...); derr != nil {
-			s.log.Error("keeping facts the hub cluster refused for later", "error", derr)
-		}
-	}
+	_, err := s.srv.opts.Status.RecordOrRetry(ctx, s.srv.life, client.ObjectKeyFromObject(s.wc), s.srv.opts.Liveness.Interval, facts...)
 	return err
 }

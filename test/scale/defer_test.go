@@ -3,13 +3,16 @@ package scale
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
@@ -317,6 +320,82 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 		if got.Status.DesiredHash != "sha256:b" || got.SourceCommit() != "c0ffee" {
 			t.Errorf("after the write failed View lost the deferred facts it took: desired %q, source %q", got.Status.DesiredHash, got.SourceCommit())
 		}
+	})
+
+	// Facts the hub learns once (an agent's report, Kueue's judgement of a worker, a
+	// connection a previous hub left open) must reach the status though the hub cluster
+	// refused their first write.
+	refusing := func(refuse func(key client.ObjectKey, wc *v1alpha1.WorkerCluster) bool) *conditions.Writer {
+		return conditions.NewWriter(interceptor.NewClient(plain, interceptor.Funcs{
+			SubResourcePatch: func(ctx context.Context, cl client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+				if wc, ok := obj.(*v1alpha1.WorkerCluster); ok && refuse(client.ObjectKeyFromObject(wc), wc) {
+					return apierrors.NewServiceUnavailable("the hub cluster is restarting")
+				}
+				return cl.SubResource(sub).Patch(ctx, obj, patch, opts...)
+			},
+		}))
+	}
+	once := func(key client.ObjectKey) func(client.ObjectKey, *v1alpha1.WorkerCluster) bool {
+		var refused atomic.Bool
+		return func(k client.ObjectKey, _ *v1alpha1.WorkerCluster) bool {
+			return k == key && refused.CompareAndSwap(false, true)
+		}
+	}
+	connected := conditions.Connected{At: time.Now(), AgentVersion: "test", KubernetesVersion: "v1.37.0", Protocol: protocol.ProtocolVersion}
+	isConnected := func(wc *v1alpha1.WorkerCluster) bool {
+		c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
+		return c != nil && c.Status == metav1.ConditionTrue
+	}
+
+	t.Run("a fact the hub cluster refused is shown and stored by a retry", func(t *testing.T) {
+		key := newCluster(t, "refused-once")
+		rw := refusing(once(key))
+		if _, err := rw.RecordOrRetry(ctx, ctx, key, 100*time.Millisecond, connected); !apierrors.IsServiceUnavailable(err) {
+			t.Fatalf("RecordOrRetry = %v; want the hub cluster's refusal", err)
+		}
+		got, err := rw.View(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !isConnected(got) {
+			t.Fatalf("View after the refusal shows Connected %+v; want the refused connection shown",
+				meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionConnected))
+		}
+		poll.Until(t, "the refused connection stored", func() (bool, string) {
+			got := stored(t, key)
+			return isConnected(got), fmt.Sprintf("%+v", got.Status.Conditions)
+		})
+	})
+
+	t.Run("a refused fact goes under facts recorded after it", func(t *testing.T) {
+		key := newCluster(t, "refused-then-later")
+		rw := refusing(once(key))
+		if _, err := rw.RecordOrRetry(ctx, ctx, key, time.Hour, connected); err == nil {
+			t.Fatal("the refused record succeeded")
+		}
+		gone := conditions.Disconnected{At: time.Now(), Cause: conditions.HungUp}
+		if _, err := rw.RecordOrRetry(ctx, ctx, key, time.Hour, gone); err != nil {
+			t.Fatal(err)
+		}
+		if got := stored(t, key); isConnected(got) || got.Status.Agent == nil {
+			t.Errorf("after a refused connection and a later hang-up the status is connected %v, agent %+v; want the agent known and disconnected",
+				isConnected(got), got.Status.Agent)
+		}
+	})
+
+	t.Run("a hub cluster that keeps refusing is tried until it takes them", func(t *testing.T) {
+		key := newCluster(t, "refused-thrice")
+		var refusals atomic.Int32
+		rw := refusing(func(k client.ObjectKey, _ *v1alpha1.WorkerCluster) bool {
+			return k == key && refusals.Add(1) <= 3
+		})
+		if _, err := rw.RecordOrRetry(ctx, ctx, key, 50*time.Millisecond, connected); err == nil {
+			t.Fatal("the refused record succeeded")
+		}
+		poll.Until(t, "the connection stored after three refusals", func() (bool, string) {
+			got := stored(t, key)
+			return isConnected(got), fmt.Sprintf("%d refusals, %+v", refusals.Load(), got.Status.Conditions)
+		})
 	})
 
 	t.Run("a hub that stopped takes them with it", func(t *testing.T) {

@@ -1,0 +1,78 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/test/fleetgen"
+	"github.com/flotilla-gitops/flotilla/test/poll"
+)
+
+// A restarted hub looks once for the agents a previous hub left connected and that did
+// not come back, and shows them disconnected. The hub cluster refusing that write once
+// must not leave the cluster connected, to an agent long gone, for good.
+func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheWriteWasRefused(t *testing.T) {
+	ctx := t.Context()
+	first := startWaveHub(t, 1, DefaultSummaryThreshold)
+	key := client.ObjectKey{Namespace: first.ns, Name: fleetgen.ClusterName(0)}
+	connected := func() *metav1.Condition {
+		t.Helper()
+		var wc v1alpha1.WorkerCluster
+		if err := planes[0].Client.Get(ctx, key, &wc); err != nil {
+			t.Fatal(err)
+		}
+		return meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
+	}
+	poll.Until(t, "the cluster's desired state recorded", func() (bool, string) {
+		var wc v1alpha1.WorkerCluster
+		if err := planes[0].Client.Get(ctx, key, &wc); err != nil {
+			return false, err.Error()
+		}
+		return wc.Status.DesiredHash != "", fmt.Sprintf("%+v", wc.Status)
+	})
+	// What the first hub's tunnel records of an agent that connected.
+	if _, err := first.status.Record(ctx, key, conditions.Connected{At: time.Now().Add(-time.Minute), AgentVersion: "test",
+		KubernetesVersion: "v1.37.0", Protocol: protocol.ProtocolVersion}); err != nil {
+		t.Fatal(err)
+	}
+	first.stop()
+
+	plain, err := client.NewWithWatch(planes[0].Config, client.Options{Scheme: planes[0].Client.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refused atomic.Bool
+	flaky := interceptor.NewClient(plain, interceptor.Funcs{
+		SubResourcePatch: func(ctx context.Context, cl client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if wc, ok := obj.(*v1alpha1.WorkerCluster); ok {
+				c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
+				if c != nil && c.Status == metav1.ConditionFalse && refused.CompareAndSwap(false, true) {
+					return apierrors.NewServiceUnavailable("the hub cluster is restarting")
+				}
+			}
+			return cl.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+	})
+	startWave(t, waveOptions{threshold: DefaultSummaryThreshold, writes: flaky, staleAfter: time.Second, restarts: first})
+	poll.Until(t, "the restarted hub's record of the agent not back refused", func() (bool, string) {
+		return refused.Load(), "not yet"
+	})
+	poll.Until(t, "the cluster shown disconnected", func() (bool, string) {
+		c := connected()
+		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "has not connected since the hub restarted"),
+			fmt.Sprintf("Connected %+v", c)
+	})
+}
