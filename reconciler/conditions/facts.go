@@ -189,22 +189,27 @@ func (c Cause) String() string {
 }
 
 // Disconnected: the agent's tunnel ended, for Cause. WriteTimeout is the tunnel's, for
-// the message of a Stuck agent. For NotBack, At is when the hub looked: an agent seen
-// since came back, and stays connected, however late this fact is recorded.
+// the message of a Stuck agent.
 type Disconnected struct {
 	At           time.Time
 	Cause        Cause
 	WriteTimeout time.Duration
+	// Seen, for NotBack, is the status.lastSeen the hub found when it judged the agent
+	// not back (zero for none). A lastSeen that moved since is an agent seen since,
+	// which stays connected however late this fact is recorded: no clock is compared.
+	Seen time.Time
 }
 
 func (f Disconnected) record(wc *v1alpha1.WorkerCluster) {
 	if f.Cause == NotBack {
 		// Only what a previous hub left connected: an agent that disconnected says
-		// when and why already. The stored lastSeen has whole seconds: one in the
-		// second the hub looked may be an agent that came back just after.
+		// when and why already.
 		c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
-		seenSince := !f.At.IsZero() && wc.Status.LastSeen != nil && !wc.Status.LastSeen.Time.Before(f.At.Truncate(time.Second))
-		if c != nil && c.Status == metav1.ConditionTrue && !seenSince {
+		var seen time.Time
+		if wc.Status.LastSeen != nil {
+			seen = wc.Status.LastSeen.Time
+		}
+		if c != nil && c.Status == metav1.ConditionTrue && seen.Equal(f.Seen) {
 			set(wc, v1alpha1.ConditionConnected, metav1.ConditionFalse, v1alpha1.ReasonTunnelDown, "the agent has not connected since the hub restarted")
 		}
 		return

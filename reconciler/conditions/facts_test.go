@@ -180,12 +180,12 @@ func TestConnectionFacts(t *testing.T) {
 			metav1.ConditionFalse, v1alpha1.ReasonTunnelDown, "has not connected since the hub restarted", false, time.Time{}},
 		{"not back keeps the reason of an agent that had disconnected", []string{"Connected=False/SendTimeout"}, Disconnected{Cause: NotBack},
 			metav1.ConditionFalse, v1alpha1.ReasonSendTimeout, "before", false, time.Time{}},
-		{"an agent not back when the hub looked is down", []string{"Connected=True/TunnelUp"}, Disconnected{At: at, Cause: NotBack},
+		{"an agent not seen since the hub looked is down", []string{"Connected=True/TunnelUp"}, Disconnected{Cause: NotBack, Seen: at.Add(-time.Hour)},
 			metav1.ConditionFalse, v1alpha1.ReasonTunnelDown, "has not connected since the hub restarted", false, at.Add(-time.Hour)},
-		{"not back leaves an agent seen since the hub looked connected", []string{"Connected=True/TunnelUp"}, Disconnected{At: at, Cause: NotBack},
-			metav1.ConditionTrue, v1alpha1.ReasonTunnelUp, "", false, at.Add(time.Minute)},
-		{"not back leaves an agent seen in the second the hub looked connected", []string{"Connected=True/TunnelUp"}, Disconnected{At: at.Add(700 * time.Millisecond), Cause: NotBack},
-			metav1.ConditionTrue, v1alpha1.ReasonTunnelUp, "", true, at},
+		{"not back leaves an agent seen since the hub looked connected", []string{"Connected=True/TunnelUp"}, Disconnected{Cause: NotBack, Seen: at.Add(-time.Hour)},
+			metav1.ConditionTrue, v1alpha1.ReasonTunnelUp, "", false, at.Add(time.Second)},
+		{"not back leaves an agent seen for the first time since the hub looked connected", []string{"Connected=True/TunnelUp"}, Disconnected{Cause: NotBack},
+			metav1.ConditionTrue, v1alpha1.ReasonTunnelUp, "", false, at.Add(time.Second)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -177,7 +177,7 @@ type WriterOptions struct {
 	// Reader, when set, is where a record first reads the WorkerCluster: an informer
 	// cache of them. Nil reads the client.
 	Reader client.Reader
-	// Log is where deferred facts that could not be written, or kept, are told of.
+	// Log is where deferred facts that could not be written are told of.
 	Log *slog.Logger
 }
 
@@ -217,9 +217,34 @@ func (w *Writer) OnChange(f func(client.ObjectKey)) {
 // the same write. Nothing is written when nothing changed. It returns the
 // WorkerCluster as stored afterwards.
 func (w *Writer) Record(ctx context.Context, key client.ObjectKey, facts ...Fact) (*v1alpha1.WorkerCluster, error) {
+	return w.recordLocked(ctx, key, facts, nil)
+}
+
+// RecordOrRetry is Record for facts the caller learns only once, such as an agent's
+// report or Kueue's judgement of a worker. When the hub cluster refuses their write for
+// a reason that can pass (anything but a WorkerCluster gone or facts it finds invalid),
+// they wait as deferred facts, shown by View, before the WorkerCluster's lock is let
+// go: they go with its next write, under the facts recorded after them, or on their
+// own every interval, until stored or life ends. When facts are deferred for it
+// already, they join those and go at their pace. Without that, one refused write would
+// leave the status behind the truth until the next fact came, which may be never. It
+// returns Record's error.
+func (w *Writer) RecordOrRetry(ctx, life context.Context, key client.ObjectKey, every time.Duration, facts ...Fact) (*v1alpha1.WorkerCluster, error) {
+	return w.recordLocked(ctx, key, facts, &retrying{life: life, every: every})
+}
+
+// retrying is how a record keeps its own facts when the hub cluster refused them.
+type retrying struct {
+	life  context.Context
+	every time.Duration
+}
+
+// recordLocked takes the WorkerCluster's lock and records facts, keeping them as again
+// says when the hub cluster refused them, if again is not nil.
+func (w *Writer) recordLocked(ctx context.Context, key client.ObjectKey, facts []Fact, again *retrying) (*v1alpha1.WorkerCluster, error) {
 	unlock, q := w.lockToRecord(key, facts)
 	defer unlock()
-	wc, err := w.record(ctx, key, w.takeDeferred(key, facts, q), facts)
+	wc, err := w.record(ctx, key, w.takeDeferred(key, facts, q), facts, again)
 	if err != nil {
 		return nil, fmt.Errorf("recording the status of WorkerCluster %s: %w", key, err)
 	}
@@ -264,17 +289,18 @@ func (w *Writer) RecordIfIdle(ctx context.Context, key client.ObjectKey) error {
 	delete(w.wanted, key)
 	w.mu.Unlock()
 	defer w.after(key, unlock)()
-	if _, err := w.record(ctx, key, w.takeDeferred(key, nil, nil), nil); err != nil {
+	if _, err := w.record(ctx, key, w.takeDeferred(key, nil, nil), nil, nil); err != nil {
 		return fmt.Errorf("recording the status of WorkerCluster %s: %w", key, err)
 	}
 	return nil
 }
 
 // record records the deferred facts, then facts. Deferred facts that could not be
-// written wait again, unless their WorkerCluster is gone. The caller holds key's lock,
-// and took the deferred facts with takeDeferred, which shows them and facts as under
-// way until record ends.
-func (w *Writer) record(ctx context.Context, key client.ObjectKey, deferred *deferredFacts, facts []Fact) (*v1alpha1.WorkerCluster, error) {
+// written wait again, unless their WorkerCluster is gone, and so do facts, after them,
+// when again says so. The caller holds key's lock, and took the deferred facts with
+// takeDeferred, which shows them and facts as under way until record ends.
+func (w *Writer) record(ctx context.Context, key client.ObjectKey, deferred *deferredFacts, facts []Fact, again *retrying) (*v1alpha1.WorkerCluster, error) {
+	own := facts
 	if deferred != nil {
 		facts = append(slices.Clip(deferred.facts), facts...)
 	}
@@ -303,6 +329,9 @@ func (w *Writer) record(ctx context.Context, key client.ObjectKey, deferred *def
 	if err != nil {
 		if deferred != nil && !apierrors.IsNotFound(err) {
 			w.deferAgain(key, deferred)
+		}
+		if again != nil && len(own) > 0 && mayPass(err) {
+			w.keep(key, own, again)
 		}
 		w.endRecording(key)
 		if told || len(facts) > 0 {
@@ -353,23 +382,6 @@ func (w *Writer) Defer(ctx context.Context, key client.ObjectKey, within time.Du
 	return true, nil
 }
 
-// RecordOrRetry is Record for facts the caller learns only once, such as an agent's
-// report or Kueue's judgement of a worker: when the hub cluster refuses their write
-// (other than for a WorkerCluster gone), they wait as deferred facts, shown by View,
-// and go with the cluster's next write or on their own every interval until stored
-// or life ends. Without that, one refused write would leave the status behind the
-// truth until the next fact came, which may be never. It returns Record's error.
-func (w *Writer) RecordOrRetry(ctx, life context.Context, key client.ObjectKey, every time.Duration, facts ...Fact) (*v1alpha1.WorkerCluster, error) {
-	wc, err := w.Record(ctx, key, facts...)
-	if err == nil || len(facts) == 0 || apierrors.IsNotFound(err) {
-		return wc, err
-	}
-	if _, derr := w.Defer(life, key, every, facts...); derr != nil {
-		w.log.Error("keeping facts the hub cluster refused for later", "workerCluster", key, "error", derr)
-	}
-	return nil, err
-}
-
 // flushTimeout bounds the write of deferred facts whose time came.
 const flushTimeout = time.Minute
 
@@ -389,7 +401,7 @@ func (w *Writer) flush(key client.ObjectKey, d *deferredFacts) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), flushTimeout)
 	defer cancel()
-	if _, err := w.record(ctx, key, d, nil); err != nil && !apierrors.IsNotFound(err) {
+	if _, err := w.record(ctx, key, d, nil, nil); err != nil && !apierrors.IsNotFound(err) {
 		w.log.Error("recording deferred facts; trying again", "workerCluster", key, "in", d.within, "error", err)
 	}
 }
@@ -432,6 +444,31 @@ func (w *Writer) deferAgain(key client.ObjectKey, d *deferredFacts) {
 	}
 	w.deferred[key] = d
 	d.timer = time.AfterFunc(d.within, func() { w.flush(key, d) })
+}
+
+// keep defers facts whose record failed, after those deferred already, or on their own
+// as again says. The caller holds key's lock: no record can come between the failed
+// one and this, so facts recorded later always go over them.
+func (w *Writer) keep(key client.ObjectKey, facts []Fact, again *retrying) {
+	if again.life.Err() != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if d := w.deferred[key]; d != nil {
+		d.facts = append(slices.Clip(d.facts), facts...)
+		return
+	}
+	d := &deferredFacts{facts: slices.Clone(facts), within: again.every, ctx: again.life}
+	w.deferred[key] = d
+	d.timer = time.AfterFunc(d.within, func() { w.flush(key, d) })
+}
+
+// mayPass reports whether a write refused with err may be taken later: not when the
+// WorkerCluster is gone, nor when the API server found what it was sent wrong, which
+// would only make every later write of the WorkerCluster fail as well.
+func mayPass(err error) bool {
+	return !apierrors.IsNotFound(err) && !apierrors.IsInvalid(err) && !apierrors.IsBadRequest(err) && !apierrors.IsRequestEntityTooLargeError(err)
 }
 
 // View is the WorkerCluster named key as it will be stored: as last stored, with the

@@ -272,7 +272,6 @@ const staleRetry = 10 * time.Second
 // markStale records as disconnected the clusters whose Connected condition a previous
 // hub left True and whose agent did not come back to this one.
 func (s *Source) markStale(ctx context.Context) {
-	looked := time.Now()
 	existing, err := s.workerClusters(ctx)
 	if err != nil {
 		s.log.Error("checking for agents that did not come back; trying again", "in", staleRetry, "error", err)
@@ -288,7 +287,11 @@ func (s *Source) markStale(ctx context.Context) {
 		if c == nil || c.Status != metav1.ConditionTrue || s.hub.opts.Tunnel.Connected(wc.Labels[v1alpha1.WorkerClusterLabel]) {
 			continue
 		}
-		_, err := s.hub.opts.Status.RecordOrRetry(ctx, ctx, client.ObjectKeyFromObject(wc), staleRetry, conditions.Disconnected{At: looked, Cause: conditions.NotBack})
+		notBack := conditions.Disconnected{Cause: conditions.NotBack}
+		if wc.Status.LastSeen != nil {
+			notBack.Seen = wc.Status.LastSeen.Time
+		}
+		_, err := s.hub.opts.Status.RecordOrRetry(ctx, ctx, client.ObjectKeyFromObject(wc), staleRetry, notBack)
 		if err == nil {
 			err = s.refresh(ctx, name)
 		}

@@ -271,9 +271,9 @@ func (s *session) inventory(ctx context.Context, inv *protocol.Inventory) error 
 }
 
 // record hands facts about the agent to the owner of the WorkerCluster's status. The
-// session learns each only once: facts the hub cluster refused are tried again a
-// heartbeat later, so that a connection refused once does not leave the cluster waiting
-// for an agent connected all along until it reconnects.
+// session learns each only once: facts the hub cluster refused are tried again with the
+// cluster's next write or a heartbeat later, so that a connection refused once does not
+// leave the cluster waiting for an agent connected all along until it reconnects.
 func (s *session) record(ctx context.Context, facts ...conditions.Fact) error {
 	_, err := s.srv.opts.Status.RecordOrRetry(ctx, s.srv.life, client.ObjectKeyFromObject(s.wc), s.srv.opts.Liveness.Interval, facts...)
 	return err

@@ -325,20 +325,28 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 	// Facts the hub learns once (an agent's report, Kueue's judgement of a worker, a
 	// connection a previous hub left open) must reach the status though the hub cluster
 	// refused their first write.
-	refusing := func(refuse func(key client.ObjectKey, wc *v1alpha1.WorkerCluster) bool) *conditions.Writer {
+	unavailable := apierrors.NewServiceUnavailable("the hub cluster is restarting")
+	// refusing writes the status patches of WorkerClusters through plain, but for those
+	// refuse answers with an error.
+	refusing := func(refuse func(key client.ObjectKey) error) *conditions.Writer {
 		return conditions.NewWriter(interceptor.NewClient(plain, interceptor.Funcs{
 			SubResourcePatch: func(ctx context.Context, cl client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-				if wc, ok := obj.(*v1alpha1.WorkerCluster); ok && refuse(client.ObjectKeyFromObject(wc), wc) {
-					return apierrors.NewServiceUnavailable("the hub cluster is restarting")
+				if _, ok := obj.(*v1alpha1.WorkerCluster); ok {
+					if err := refuse(client.ObjectKeyFromObject(obj)); err != nil {
+						return err
+					}
 				}
 				return cl.SubResource(sub).Patch(ctx, obj, patch, opts...)
 			},
 		}))
 	}
-	once := func(key client.ObjectKey) func(client.ObjectKey, *v1alpha1.WorkerCluster) bool {
+	once := func(key client.ObjectKey) func(client.ObjectKey) error {
 		var refused atomic.Bool
-		return func(k client.ObjectKey, _ *v1alpha1.WorkerCluster) bool {
-			return k == key && refused.CompareAndSwap(false, true)
+		return func(k client.ObjectKey) error {
+			if k == key && refused.CompareAndSwap(false, true) {
+				return unavailable
+			}
+			return nil
 		}
 	}
 	connected := conditions.Connected{At: time.Now(), AgentVersion: "test", KubernetesVersion: "v1.37.0", Protocol: protocol.ProtocolVersion}
@@ -383,11 +391,93 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 		}
 	})
 
+	t.Run("a refused fact goes under facts recorded while its write was under way", func(t *testing.T) {
+		key := newCluster(t, "refused-under-way")
+		release := held.Next(key)
+		defer release()
+		hw := conditions.NewWriter(held)
+		recordCtx, cancel := context.WithCancel(ctx)
+		refused := start(func() (*v1alpha1.WorkerCluster, error) {
+			return hw.RecordOrRetry(recordCtx, ctx, key, 50*time.Millisecond, connected)
+		})
+		held.WaitStarted(t)
+		later := start(func() (*v1alpha1.WorkerCluster, error) {
+			return hw.Record(ctx, key, conditions.Disconnected{At: time.Now(), Cause: conditions.HungUp})
+		})
+		later.window()
+		// The connection's write fails while the hang-up waits for it.
+		cancel()
+		if _, err := refused.wait(); err == nil {
+			t.Fatal("the cancelled record succeeded")
+		}
+		if _, err := later.wait(); err != nil {
+			t.Fatal(err)
+		}
+		if got := stored(t, key); isConnected(got) || got.Status.Agent == nil {
+			t.Errorf("after a refused connection and a hang-up recorded while it was under way, the stored status is connected %v, agent %+v; want the agent known and disconnected",
+				isConnected(got), got.Status.Agent)
+		}
+		got, err := hw.View(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if isConnected(got) {
+			t.Errorf("View shows the refused connection over the later hang-up: it is still to be written on its own")
+		}
+	})
+
+	t.Run("a fact whose reads the hub cluster refused is kept too", func(t *testing.T) {
+		key := newCluster(t, "read-refused")
+		// The record's read, and the next: a hub cluster that is down refuses reads too.
+		var reads atomic.Int32
+		rw := conditions.NewWriter(interceptor.NewClient(plain, interceptor.Funcs{
+			Get: func(ctx context.Context, cl client.WithWatch, k client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+				if k == key && reads.Add(1) <= 2 {
+					return apierrors.NewServiceUnavailable("the hub cluster is restarting")
+				}
+				return cl.Get(ctx, k, obj, opts...)
+			},
+		}))
+		if _, err := rw.RecordOrRetry(ctx, ctx, key, 50*time.Millisecond, connected); !apierrors.IsServiceUnavailable(err) {
+			t.Fatalf("RecordOrRetry = %v; want the hub cluster's refusal", err)
+		}
+		poll.Until(t, "the connection stored after its reads were refused", func() (bool, string) {
+			got := stored(t, key)
+			return isConnected(got), fmt.Sprintf("%+v", got.Status.Conditions)
+		})
+	})
+
+	t.Run("a fact the hub cluster finds invalid is not kept", func(t *testing.T) {
+		key := newCluster(t, "invalid")
+		var refusals atomic.Int32
+		rw := refusing(func(k client.ObjectKey) error {
+			if k != key {
+				return nil
+			}
+			refusals.Add(1)
+			return apierrors.NewInvalid(v1alpha1.GroupVersion.WithKind("WorkerCluster").GroupKind(), key.Name, nil)
+		})
+		if _, err := rw.RecordOrRetry(ctx, ctx, key, time.Millisecond, connected); !apierrors.IsInvalid(err) {
+			t.Fatalf("RecordOrRetry = %v; want the hub cluster's refusal", err)
+		}
+		// Kept, it would go with every later write of the cluster, and fail it too.
+		got, err := rw.View(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if isConnected(got) || refusals.Load() != 1 {
+			t.Errorf("after the refusal View shows connected %v, after %d refusals; want the invalid fact dropped, not kept for another try", isConnected(got), refusals.Load())
+		}
+	})
+
 	t.Run("a hub cluster that keeps refusing is tried until it takes them", func(t *testing.T) {
 		key := newCluster(t, "refused-thrice")
 		var refusals atomic.Int32
-		rw := refusing(func(k client.ObjectKey, _ *v1alpha1.WorkerCluster) bool {
-			return k == key && refusals.Add(1) <= 3
+		rw := refusing(func(k client.ObjectKey) error {
+			if k == key && refusals.Add(1) <= 3 {
+				return unavailable
+			}
+			return nil
 		})
 		if _, err := rw.RecordOrRetry(ctx, ctx, key, 50*time.Millisecond, connected); err == nil {
 			t.Fatal("the refused record succeeded")
