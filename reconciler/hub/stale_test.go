@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -12,12 +11,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
+	"github.com/flotilla-gitops/flotilla/test/heldpatch"
 	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
@@ -55,16 +54,14 @@ func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheWriteWasRefused(
 		t.Fatal(err)
 	}
 	var refused atomic.Bool
-	flaky := interceptor.NewClient(plain, interceptor.Funcs{
-		SubResourcePatch: func(ctx context.Context, cl client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-			if wc, ok := obj.(*v1alpha1.WorkerCluster); ok {
-				c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
-				if c != nil && c.Status == metav1.ConditionFalse && refused.CompareAndSwap(false, true) {
-					return apierrors.NewServiceUnavailable("the hub cluster is restarting")
-				}
+	flaky := heldpatch.Refuse(plain, func(obj client.Object) error {
+		if wc, ok := obj.(*v1alpha1.WorkerCluster); ok {
+			c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
+			if c != nil && c.Status == metav1.ConditionFalse && refused.CompareAndSwap(false, true) {
+				return apierrors.NewServiceUnavailable("the hub cluster is restarting")
 			}
-			return cl.SubResource(sub).Patch(ctx, obj, patch, opts...)
-		},
+		}
+		return nil
 	})
 	startWave(t, waveOptions{threshold: DefaultSummaryThreshold, writes: flaky, staleAfter: time.Second, restarts: first})
 	poll.Until(t, "the restarted hub's record of the agent not back refused", func() (bool, string) {

@@ -1,7 +1,6 @@
 package tunnel_test
 
 import (
-	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -9,10 +8,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
+	"github.com/flotilla-gitops/flotilla/test/heldpatch"
 )
 
 // A report the hub cluster refused once is recorded again, though the agent sends
@@ -25,14 +24,12 @@ func TestAReportTheHubClusterRefusedIsRecordedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	var refused atomic.Bool
-	flaky := interceptor.NewClient(plain, interceptor.Funcs{
-		SubResourcePatch: func(ctx context.Context, cl client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-			wc, ok := obj.(*v1alpha1.WorkerCluster)
-			if ok && wc.Name == c.name && condition(wc, v1alpha1.ConditionConnected) != nil && refused.CompareAndSwap(false, true) {
-				return apierrors.NewServiceUnavailable("the hub cluster is restarting")
-			}
-			return cl.SubResource(sub).Patch(ctx, obj, patch, opts...)
-		},
+	flaky := heldpatch.Refuse(plain, func(obj client.Object) error {
+		wc, ok := obj.(*v1alpha1.WorkerCluster)
+		if ok && wc.Name == c.name && condition(wc, v1alpha1.ConditionConnected) != nil && refused.CompareAndSwap(false, true) {
+			return apierrors.NewServiceUnavailable("the hub cluster is restarting")
+		}
+		return nil
 	})
 	h := startHub(t, nil, func(o *tunnel.Options) { o.Client = flaky })
 	h.enroll(t, c)

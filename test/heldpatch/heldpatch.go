@@ -1,6 +1,8 @@
-// Package heldpatch is a Kubernetes client whose next status patch of a chosen object
-// waits until the test releases it: the window in which a write is under way, for
-// tests of what readers see, and hear, meanwhile.
+// Package heldpatch is a Kubernetes client whose status patches a test holds or
+// refuses: the next patch of a chosen object waits until the test releases it, the
+// window in which a write is under way, for tests of what readers see, and hear,
+// meanwhile (Wrap); or patches the test picks are refused, as by a hub cluster that
+// restarts (Refuse).
 package heldpatch
 
 import (

@@ -329,15 +329,11 @@ func TestDeferredFactsGoWithTheNextWriteOrOnTheirOwn(t *testing.T) {
 	// refusing writes the status patches of WorkerClusters through plain, but for those
 	// refuse answers with an error.
 	refusing := func(refuse func(key client.ObjectKey) error) *conditions.Writer {
-		return conditions.NewWriter(interceptor.NewClient(plain, interceptor.Funcs{
-			SubResourcePatch: func(ctx context.Context, cl client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-				if _, ok := obj.(*v1alpha1.WorkerCluster); ok {
-					if err := refuse(client.ObjectKeyFromObject(obj)); err != nil {
-						return err
-					}
-				}
-				return cl.SubResource(sub).Patch(ctx, obj, patch, opts...)
-			},
+		return conditions.NewWriter(heldpatch.Refuse(plain, func(obj client.Object) error {
+			if _, ok := obj.(*v1alpha1.WorkerCluster); !ok {
+				return nil
+			}
+			return refuse(client.ObjectKeyFromObject(obj))
 		}))
 	}
 	once := func(key client.ObjectKey) func(client.ObjectKey) error {
