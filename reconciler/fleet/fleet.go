@@ -70,6 +70,10 @@ type Fleet struct {
 	// links, and linking the clusters whose files do (see Cluster.linked).
 	linked  []string
 	linking map[string]bool
+	// misnamed are the clusters whose worker name is not their directory's: with the
+	// directory of a name, the only ones that can claim it, so that LoadCluster checks
+	// a name without walking every cluster of the fleet.
+	misnamed map[string]bool
 }
 
 // Preset is a kustomize base under presets/<name>.
@@ -266,6 +270,7 @@ func (f *Fleet) LoadCluster(fsys fs.FS, name string) *Cluster {
 	delete(f.Clusters, name)
 	delete(f.overBudget, name)
 	delete(f.linking, name)
+	delete(f.misnamed, name)
 	f.used = usage{files: f.used.files - old.files, bytes: f.used.bytes - old.bytes}
 	dir := path.Join(ClustersDir, name)
 	var c *Cluster
@@ -333,6 +338,12 @@ func (f *Fleet) readCluster(fsys fs.FS, name string, m *meter) *Cluster {
 func (f *Fleet) checkCluster(c *Cluster) {
 	c.Digest = digest(c.Files)
 	validateCluster(f, c)
+	if c.Object != nil && c.Object.Name != "" && c.Object.Name != c.Name {
+		if f.misnamed == nil {
+			f.misnamed = map[string]bool{}
+		}
+		f.misnamed[c.Name] = true
+	}
 }
 
 // readPresets reads every preset directory, charged to m, into Presets.

@@ -379,18 +379,34 @@ func presetNames(f *Fleet) string {
 // the directory of that name owns it, or else the first directory in order. A cluster
 // that claims the name of another directory has an error of its own already, and must
 // not take a valid cluster down with it. With names, only the clusters that claim one
-// of them are checked again.
+// of them are checked again: the directories of those names and the clusters named
+// otherwise than their directory, a handful where the fleet has thousands.
 func (f *Fleet) checkUniqueNames(names ...string) {
 	claims := map[string][]*Cluster{}
-	for _, c := range f.Clusters {
-		if c.Object == nil || c.Object.Name == "" {
-			continue
+	claim := func(c *Cluster) {
+		if c == nil || c.Object == nil || c.Object.Name == "" {
+			return
 		}
 		if len(names) > 0 && !slices.Contains(names, c.Object.Name) {
-			continue
+			return
+		}
+		if slices.Contains(claims[c.Object.Name], c) {
+			return // a misnamed cluster in the directory of one of names
 		}
 		c.Errors = slices.DeleteFunc(c.Errors, isDuplicateName)
 		claims[c.Object.Name] = append(claims[c.Object.Name], c)
+	}
+	if len(names) == 0 {
+		for _, c := range f.Clusters {
+			claim(c)
+		}
+	} else {
+		for _, n := range names {
+			claim(f.Clusters[n])
+		}
+		for d := range f.misnamed {
+			claim(f.Clusters[d])
+		}
 	}
 	for name, cs := range claims {
 		if len(cs) < 2 {
