@@ -27,21 +27,7 @@ func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheWriteWasRefused(
 	ctx := t.Context()
 	first := startWaveHub(t, 1, DefaultSummaryThreshold)
 	key := client.ObjectKey{Namespace: first.ns, Name: fleetgen.ClusterName(0)}
-	connected := func() *metav1.Condition {
-		t.Helper()
-		var wc v1alpha1.WorkerCluster
-		if err := planes[0].Client.Get(ctx, key, &wc); err != nil {
-			t.Fatal(err)
-		}
-		return meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
-	}
-	poll.Until(t, "the cluster's desired state recorded", func() (bool, string) {
-		var wc v1alpha1.WorkerCluster
-		if err := planes[0].Client.Get(ctx, key, &wc); err != nil {
-			return false, err.Error()
-		}
-		return wc.Status.DesiredHash != "", fmt.Sprintf("%+v", wc.Status)
-	})
+	first.desiredRecorded(key)
 	// What the first hub's tunnel records of an agent that connected.
 	if _, err := first.status.Record(ctx, key, conditions.Connected{At: time.Now().Add(-time.Minute), AgentVersion: "test",
 		KubernetesVersion: "v1.37.0", Protocol: protocol.ProtocolVersion}); err != nil {
@@ -68,7 +54,7 @@ func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheWriteWasRefused(
 		return refused.Load(), "not yet"
 	})
 	poll.Until(t, "the cluster shown disconnected", func() (bool, string) {
-		c := connected()
+		c := meta.FindStatusCondition(first.stored(key).Status.Conditions, v1alpha1.ConditionConnected)
 		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "has not connected since the hub restarted"),
 			fmt.Sprintf("Connected %+v", c)
 	})

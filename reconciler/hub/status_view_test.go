@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,7 +8,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
-	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 	"github.com/flotilla-gitops/flotilla/test/heldpatch"
@@ -31,14 +29,6 @@ func TestAnAcknowledgementIsPostedWhileItsWriteIsUnderWay(t *testing.T) {
 	head := w.repo.Head("main")
 	name := fleetgen.ClusterName(0)
 	key := client.ObjectKey{Namespace: w.ns, Name: name}
-	cluster := func() *v1alpha1.WorkerCluster {
-		t.Helper()
-		var wc v1alpha1.WorkerCluster
-		if err := planes[0].Client.Get(ctx, key, &wc); err != nil {
-			t.Fatal(err)
-		}
-		return &wc
-	}
 	posted := func() (state, description string) {
 		for _, r := range w.forge.Store.Latest(head) {
 			if r.Context == "flotilla/"+name {
@@ -47,15 +37,9 @@ func TestAnAcknowledgementIsPostedWhileItsWriteIsUnderWay(t *testing.T) {
 		}
 		return "", ""
 	}
-	poll.Until(t, "the cluster's desired state recorded", func() (bool, string) {
-		var wc v1alpha1.WorkerCluster
-		if err := planes[0].Client.Get(ctx, key, &wc); err != nil {
-			return false, err.Error()
-		}
-		return wc.Status.DesiredHash != "", fmt.Sprintf("%+v", wc.Status)
-	})
+	w.desiredRecorded(key)
 	// What the tunnel records of an agent that redeemed its token and connected.
-	wc := cluster()
+	wc := w.stored(key)
 	now := time.Now()
 	if _, err := w.status.Record(ctx, key,
 		conditions.Redeemed{TokenHash: wc.Spec.EnrollmentTokenHash, At: now, Credential: "sha256:credential", ExpiresAt: now.Add(90 * 24 * time.Hour)},
@@ -80,14 +64,14 @@ func TestAnAcknowledgementIsPostedWhileItsWriteIsUnderWay(t *testing.T) {
 		state, desc := posted()
 		return state == "success", state + ": " + desc
 	})
-	if got := cluster(); got.Status.AppliedHash != "" {
+	if got := w.stored(key); got.Status.AppliedHash != "" {
 		t.Fatalf("the held write was stored: applied %q", got.Status.AppliedHash)
 	}
 	release()
 	if err := <-recorded; err != nil {
 		t.Fatal(err)
 	}
-	if got := cluster(); got.Status.AppliedHash != wc.Status.DesiredHash {
+	if got := w.stored(key); got.Status.AppliedHash != wc.Status.DesiredHash {
 		t.Errorf("once released, the stored status shows applied %q, want %q", got.Status.AppliedHash, wc.Status.DesiredHash)
 	}
 }

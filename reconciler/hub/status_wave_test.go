@@ -26,6 +26,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/github"
+	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
@@ -180,6 +181,29 @@ func writeFiles(t *testing.T, files map[string][]byte) string {
 		}
 	}
 	return dir
+}
+
+// stored is the WorkerCluster named key as the hub cluster holds it.
+func (w *waveHub) stored(key client.ObjectKey) *v1alpha1.WorkerCluster {
+	w.t.Helper()
+	var wc v1alpha1.WorkerCluster
+	if err := planes[0].Client.Get(w.t.Context(), key, &wc); err != nil {
+		w.t.Fatal(err)
+	}
+	return &wc
+}
+
+// desiredRecorded waits until the hub recorded the desired state of the WorkerCluster
+// named key.
+func (w *waveHub) desiredRecorded(key client.ObjectKey) {
+	w.t.Helper()
+	poll.Until(w.t, "the cluster's desired state recorded", func() (bool, string) {
+		var wc v1alpha1.WorkerCluster
+		if err := planes[0].Client.Get(w.t.Context(), key, &wc); err != nil {
+			return false, err.Error()
+		}
+		return wc.Status.DesiredHash != "", fmt.Sprintf("%+v", wc.Status)
+	})
 }
 
 // commit commits changes on branch, registers the commit with the forge and returns it.
