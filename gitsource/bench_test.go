@@ -3,6 +3,7 @@ package gitsource_test
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
+	"github.com/flotilla-gitops/flotilla/test/gittree"
 )
 
 // BenchmarkFetchOneChange10k is the hub's work after a merge that changes one cluster of
@@ -125,4 +127,18 @@ func gitCLIRSS(tb testing.TB, dir string, args ...string) (string, int64) {
 		rss = ru.Maxrss
 	}
 	return strings.TrimSpace(string(out)), rss
+}
+
+// BenchmarkReadOneClusterOf10k is what reading one changed cluster's directory from a
+// new commit costs the hub in a 10,000-cluster fleet: the clusters/ directory is
+// decoded anew for every commit, and must cost allocations that do not grow with it.
+func BenchmarkReadOneClusterOf10k(b *testing.B) {
+	objects, tree := gittree.New(b, gittree.FromMapFS(fleetgen.Fleet(10_000, fleetgen.Options{})))
+	name := "clusters/" + fleetgen.ClusterName(4321) + "/cluster.yaml"
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := fs.ReadFile(gitsource.NewTreeFS(objects, tree), name); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -60,6 +60,87 @@ func TestDiffEntriesMatchesNamesInGitOrder(t *testing.T) {
 	}
 }
 
+// FuzzDiffEntriesNamesEveryChangeAndNoOther holds the comparison, which skips the
+// bytes two trees share at either end, to what a map of each tree's entries says
+// changed. Names are drawn from a few that share prefixes and sort around "/", so that
+// a shared run of bytes often ends inside an entry.
+func FuzzDiffEntriesNamesEveryChangeAndNoOther(f *testing.F) {
+	f.Add([]byte{0x00, 0x11, 0x22, 0x33})
+	f.Add([]byte{0x40, 0x41, 0x42, 0x43, 0x44, 0x45, 0x86})
+	f.Add([]byte("gpu clusters of a fleet"))
+	names := []string{"g", "g-", "g-1", "g.", "g0", "gg", "g/", "gpu", "gpu-1", "gpu-10", "gpu.a", "gpu0", "h", "h-1", "hh", "i"}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		// Each byte puts one name in the old tree, the new one or both, as a file or a
+		// directory, with one of two contents in each.
+		type entry struct {
+			dir  bool
+			hash byte
+		}
+		old, new := map[string]entry{}, map[string]entry{}
+		for _, b := range data {
+			name := strings.TrimSuffix(names[b&0x0f], "/")
+			e := entry{dir: b&0x10 != 0, hash: b >> 7}
+			switch b >> 5 & 0x3 {
+			case 0:
+				old[name] = e
+			case 1:
+				new[name] = e
+			case 2:
+				old[name], new[name] = e, e
+			case 3:
+				old[name], new[name] = e, entry{dir: e.dir, hash: e.hash ^ 1}
+			}
+		}
+		// key is an entry's place in git's order: a directory's name as if it ended in
+		// "/".
+		key := func(name string, dir bool) string {
+			if dir {
+				return name + "/"
+			}
+			return name
+		}
+		encode := func(m map[string]entry) []byte {
+			keys := map[string]string{}
+			for name, e := range m {
+				keys[key(name, e.dir)] = name
+			}
+			var b []byte
+			for _, k := range slices.Sorted(maps.Keys(keys)) {
+				name, e := keys[k], m[keys[k]]
+				mode := "100644"
+				if e.dir {
+					mode = "40000"
+				}
+				var h plumbing.Hash
+				h[19] = e.hash
+				b = append(append(append(b, mode+" "+name...), 0), h[:]...)
+			}
+			return b
+		}
+		changed := map[string]bool{}
+		for name, e := range old {
+			if n, ok := new[name]; !ok || n != e {
+				changed[key(name, e.dir)] = true
+			}
+		}
+		for name, e := range new {
+			if o, ok := old[name]; !ok || o != e {
+				changed[key(name, e.dir)] = true
+			}
+		}
+		want := slices.Sorted(maps.Keys(changed))
+		var got []string
+		err := diffEntries(encode(old), encode(new), func(o, n treeEntry) error {
+			e := o.or(n)
+			got = append(got, key(string(e.name), e.isDir()))
+			return nil
+		})
+		if err != nil || !slices.Equal(got, want) {
+			t.Fatalf("old %v, new %v: changed %q (%v), want %q", old, new, got, err, want)
+		}
+	})
+}
+
 func TestDiffRefusesAMalformedTree(t *testing.T) {
 	for _, data := range [][]byte{[]byte("100644 a"), []byte("100644 a\x00short"), []byte("no-space\x00" + strings.Repeat("x", 20))} {
 		if err := diffEntries(data, nil, func(o, n treeEntry) error { return nil }); err == nil {

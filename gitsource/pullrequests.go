@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/storer"
 )
 
 // PullRequestDepth is how much history is fetched below the followed branch and each
@@ -54,8 +55,9 @@ type PullRequest struct {
 	// head's objects do not parse) may pass: the next call tries again.
 	Err error
 
-	tree     *object.Tree
-	baseTree *object.Tree
+	// tree and baseTree are the head's and the base's trees, in objects.
+	tree, baseTree plumbing.Hash
+	objects        storer.EncodedObjectStorer
 }
 
 // FS reads the pull request's head; with Err set, every read fails with Err.
@@ -65,11 +67,11 @@ func (p *PullRequest) FS() fs.FS { return p.treeFS(p.tree) }
 // fails with Err.
 func (p *PullRequest) BaseFS() fs.FS { return p.treeFS(p.baseTree) }
 
-func (p *PullRequest) treeFS(t *object.Tree) fs.FS {
-	if p.Err != nil || t == nil {
+func (p *PullRequest) treeFS(t plumbing.Hash) fs.FS {
+	if p.Err != nil || p.objects == nil {
 		return unreadFS{p}
 	}
-	return NewTreeFS(t)
+	return NewTreeFS(p.objects, t)
 }
 
 // unreadFS is a head that could not be read.
@@ -309,7 +311,8 @@ func (s *Source) comparePR(ctx context.Context, pr *PullRequest, branchHead *obj
 	if err != nil {
 		return fmt.Errorf("gitsource: %s at %s: %w", pr.Ref, pr.Head, err)
 	}
-	if pr.tree, err = head.Tree(); err != nil {
+	tree, err := head.Tree()
+	if err != nil {
 		return fmt.Errorf("gitsource: tree of %s at %s: %w", pr.Ref, pr.Head, err)
 	}
 	forkPoint := branchHead
@@ -320,11 +323,13 @@ func (s *Source) comparePR(ctx context.Context, pr *PullRequest, branchHead *obj
 		pr.Merged = forkPoint.Hash == pr.Head
 	}
 	pr.Base = forkPoint.Hash
-	if pr.baseTree, err = forkPoint.Tree(); err != nil {
+	baseTree, err := forkPoint.Tree()
+	if err != nil {
 		return fmt.Errorf("gitsource: tree of %s: %w", forkPoint.Hash, err)
 	}
-	if pr.Changes, err = diff(ctx, s.prs, pr.baseTree.Hash, pr.tree.Hash); err != nil {
+	if pr.Changes, err = diff(ctx, s.prs, baseTree.Hash, tree.Hash); err != nil {
 		return fmt.Errorf("gitsource: %s: %w", pr.Ref, err)
 	}
+	pr.tree, pr.baseTree, pr.objects = tree.Hash, baseTree.Hash, s.prs
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/storer"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 )
 
@@ -81,7 +82,9 @@ type Source struct {
 // Snapshot is the fleet repository at one commit.
 type Snapshot struct {
 	Commit plumbing.Hash
-	tree   *object.Tree
+	// tree is the commit's tree, in objects.
+	tree    plumbing.Hash
+	objects storer.EncodedObjectStorer
 	// Parents of the commit, as the commit names them.
 	Parents []plumbing.Hash
 	// Signer is the identity of the trusted key that signed the commit, when the
@@ -90,7 +93,7 @@ type Snapshot struct {
 }
 
 // FS reads the snapshot's files, for fleet.Load.
-func (s *Snapshot) FS() fs.FS { return NewTreeFS(s.tree) }
+func (s *Snapshot) FS() fs.FS { return NewTreeFS(s.objects, s.tree) }
 
 // New checks the options; nothing is fetched until the first Update.
 func New(opts Options) (*Source, error) {
@@ -252,7 +255,7 @@ func (s *Source) snapshot(h plumbing.Hash) (*Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gitsource: tree of %s: %w", h, err)
 	}
-	return &Snapshot{Commit: h, tree: tree, Parents: c.ParentHashes}, nil
+	return &Snapshot{Commit: h, tree: tree.Hash, objects: s.branch, Parents: c.ParentHashes}, nil
 }
 
 // Update fetches and compares the new head with last, the commit the caller reconciled
@@ -287,7 +290,7 @@ func (s *Source) Update(ctx context.Context, last plumbing.Hash) (*Snapshot, Cha
 	if err != nil {
 		return snap, Changes{All: true, Reason: "the last reconciled commit is no longer known"}, nil
 	}
-	ch, err := diff(ctx, s.branch, old.tree.Hash, snap.tree.Hash)
+	ch, err := diff(ctx, s.branch, old.tree, snap.tree)
 	if err != nil {
 		return nil, Changes{}, err
 	}

@@ -2,12 +2,14 @@ package gitsource
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/storer"
 )
 
 // MaxLinkHops is the most symbolic links followed to resolve one name, the fleet
@@ -53,6 +56,9 @@ var (
 
 type treeState struct {
 	mu sync.Mutex
+	// objects holds the trees and blobs; files reads blobs from it.
+	objects storer.EncodedObjectStorer
+	files   *object.Tree
 	// dirs are the directories decoded so far, by their path without links; "." is the
 	// root.
 	dirs map[string]*treeDirIndex
@@ -67,43 +73,180 @@ type treeState struct {
 
 // treeDirIndex is one decoded directory.
 type treeDirIndex struct {
-	tree   *object.Tree
+	entries []object.TreeEntry
+	// byName finds the entries of a directory whose entries are out of git's order;
+	// nil when they are in it, and found by binary search.
 	byName map[string]*object.TreeEntry
 	// err is set for a directory no checkout could hold: an entry named "", "." or
 	// "..", a name with a slash, or two entries of one name.
 	err error
 }
 
-// NewTreeFS wraps a tree.
-func NewTreeFS(t *object.Tree) TreeFS {
-	// go-git's lookups write a cache into the tree they are called on; a copy of the
-	// root keeps them off a tree that other readers of the same commit share.
-	root := *t
+// NewTreeFS reads the tree root of objects.
+func NewTreeFS(objects storer.EncodedObjectStorer, root plumbing.Hash) TreeFS {
 	s := &treeState{
+		objects: objects,
 		dirs:    map[string]*treeDirIndex{},
 		blobs:   map[plumbing.Hash][]byte{},
 		sizes:   map[*object.TreeEntry]int64{},
 		targets: map[*object.TreeEntry]string{},
 	}
-	s.dirs["."] = index(&root)
+	// go-git reads a blob through a tree, checking the entry's name on the way; an
+	// empty tree is one that carries the storer and nothing else.
+	empty := &plumbing.MemoryObject{}
+	empty.SetType(plumbing.TreeObject)
+	files, err := object.DecodeTree(objects, empty)
+	if err != nil {
+		// Decoding an empty tree reads nothing that could fail.
+		panic(fmt.Sprintf("gitsource: an empty tree: %v", err))
+	}
+	s.files = files
+	d, err := decodeDir(objects, root)
+	if err != nil {
+		d = &treeDirIndex{err: err}
+	}
+	s.dirs["."] = d
 	return TreeFS{s: s}
 }
 
-func index(t *object.Tree) *treeDirIndex {
-	d := &treeDirIndex{tree: t, byName: make(map[string]*object.TreeEntry, len(t.Entries))}
-	for i := range t.Entries {
-		e := &t.Entries[i]
-		switch {
-		case e.Name == "" || e.Name == "." || e.Name == ".." || strings.ContainsAny(e.Name, "/\x00"):
+// decodeDir reads the tree h into its entries. The names are substrings of one copy
+// of the tree's content, so that a directory of 10,000 entries costs a few
+// allocations, where go-git's own decoder makes several per entry; modes are made
+// canonical as go-git makes them.
+func decodeDir(objects storer.EncodedObjectStorer, h plumbing.Hash) (*treeDirIndex, error) {
+	o, err := objects.EncodedObject(plumbing.TreeObject, h)
+	if err != nil {
+		return nil, fmt.Errorf("tree %s: %w", h, err)
+	}
+	r, err := o.Reader()
+	if err != nil {
+		return nil, fmt.Errorf("tree %s: %w", h, err)
+	}
+	defer r.Close()
+	data := make([]byte, o.Size())
+	if _, err := io.ReadFull(r, data); err != nil {
+		return nil, fmt.Errorf("tree %s: %w", h, err)
+	}
+	// Each entry's name ends at its first NUL, and a hash follows: counting them first
+	// allocates the entries once.
+	n := 0
+	for rest := data; len(rest) > 0; n++ {
+		nul := bytes.IndexByte(rest, 0)
+		if nul < 0 || len(rest) < nul+1+len(plumbing.ZeroHash) {
+			break
+		}
+		rest = rest[nul+1+len(plumbing.ZeroHash):]
+	}
+	text := string(data)
+	entries := make([]object.TreeEntry, 0, n)
+	for at, rest := 0, data; len(rest) > 0; {
+		e, next, err := nextEntry(rest)
+		if err != nil {
+			return nil, fmt.Errorf("tree %s: %w", h, object.ErrMalformedTree)
+		}
+		mode := text[at : at+len(e.mode)]
+		m, err := strconv.ParseUint(mode, 8, 32)
+		if err != nil {
+			return nil, fmt.Errorf("tree %s: %w: mode %q", h, object.ErrMalformedTree, mode)
+		}
+		name := at + len(e.mode) + 1
+		entries = append(entries, object.TreeEntry{Name: text[name : name+len(e.name)], Mode: canonicalMode(filemode.FileMode(m)), Hash: e.hash})
+		at += len(rest) - len(next)
+		rest = next
+	}
+	return index(entries), nil
+}
+
+// canonicalMode is the mode go-git gives an entry of a decoded tree: what git would
+// check it out as.
+func canonicalMode(m filemode.FileMode) filemode.FileMode {
+	switch m & 0o170000 {
+	case 0o040000:
+		return filemode.Dir
+	case 0o100000:
+		if m&0o111 != 0 {
+			return filemode.Executable
+		}
+		return filemode.Regular
+	case 0o120000:
+		return filemode.Symlink
+	}
+	return filemode.Submodule
+}
+
+func index(entries []object.TreeEntry) *treeDirIndex {
+	d := &treeDirIndex{entries: entries}
+	sorted := true
+	for i := range entries {
+		e := &entries[i]
+		if e.Name == "" || e.Name == "." || e.Name == ".." || strings.IndexByte(e.Name, '/') >= 0 {
 			d.err = fmt.Errorf("holds an entry named %q, which no checkout can hold", e.Name)
 			return d
-		case d.byName[e.Name] != nil:
+		}
+		sorted = sorted && (i == 0 || compareNames(&entries[i-1], e.Name, e.Mode == filemode.Dir) < 0)
+	}
+	if !sorted {
+		d.byName = make(map[string]*object.TreeEntry, len(entries))
+		for i := range entries {
+			e := &entries[i]
+			if d.byName[e.Name] != nil {
+				d.err = fmt.Errorf("holds two entries named %q", e.Name)
+				return d
+			}
+			d.byName[e.Name] = e
+		}
+		return d
+	}
+	// In git's order, entries of one name sort apart only as a file and a directory,
+	// with nothing between them but names that go on from the file's; a file whose
+	// next entry does not go on from its name has no directory of its name.
+	for i := range entries[:max(len(entries)-1, 0)] {
+		e := &entries[i]
+		if e.Mode != filemode.Dir && strings.HasPrefix(entries[i+1].Name, e.Name) && d.find(e.Name, true) != nil {
 			d.err = fmt.Errorf("holds two entries named %q", e.Name)
 			return d
 		}
-		d.byName[e.Name] = e
 	}
 	return d
+}
+
+// compareNames orders the entry e and an entry named name as git sorts a tree: by
+// name, a directory's as if it ended in a slash.
+func compareNames(e *object.TreeEntry, name string, dir bool) int {
+	n := min(len(e.Name), len(name))
+	if c := strings.Compare(e.Name[:n], name[:n]); c != 0 {
+		return c
+	}
+	next := func(s string, dir bool) byte {
+		switch {
+		case len(s) > n:
+			return s[n]
+		case dir:
+			return '/'
+		}
+		return 0
+	}
+	return cmp.Compare(next(e.Name, e.Mode == filemode.Dir), next(name, dir))
+}
+
+// find is the directory's entry named name that is a directory (dir) or not.
+func (d *treeDirIndex) find(name string, dir bool) *object.TreeEntry {
+	i, ok := slices.BinarySearchFunc(d.entries, name, func(e object.TreeEntry, name string) int { return compareNames(&e, name, dir) })
+	if !ok {
+		return nil
+	}
+	return &d.entries[i]
+}
+
+// lookup is the directory's entry named name, or nil.
+func (d *treeDirIndex) lookup(name string) *object.TreeEntry {
+	if d.byName != nil {
+		return d.byName[name]
+	}
+	if e := d.find(name, false); e != nil {
+		return e
+	}
+	return d.find(name, true)
 }
 
 // rootEntry stands for the root, which has no entry of its own.
@@ -113,8 +256,6 @@ var rootEntry = object.TreeEntry{Name: ".", Mode: filemode.Dir}
 type resolved struct {
 	path  string
 	entry *object.TreeEntry
-	// dir holds the entry; nil for the root.
-	dir *treeDirIndex
 }
 
 // resolve finds name's entry. Links among the directories on the way are always
@@ -136,7 +277,7 @@ restart:
 		if d.err != nil {
 			return fail(fmt.Errorf("directory %s %w", dirPath, d.err))
 		}
-		e := d.byName[elem]
+		e := d.lookup(elem)
 		if e == nil {
 			return fail(fs.ErrNotExist)
 		}
@@ -145,7 +286,7 @@ restart:
 			if hops++; hops > MaxLinkHops {
 				return fail(errLinkLoop)
 			}
-			target, err := t.linkTarget(d, e)
+			target, err := t.linkTarget(e)
 			if err != nil {
 				return fail(fmt.Errorf("symbolic link %s: %w", p, err))
 			}
@@ -160,12 +301,12 @@ restart:
 			goto restart
 		}
 		if !notLast {
-			return resolved{path: p, entry: e, dir: d}, nil
+			return resolved{path: p, entry: e}, nil
 		}
 		if e.Mode != filemode.Dir {
 			return fail(errors.New("not a directory"))
 		}
-		sub, err := t.dir(d, p, e)
+		sub, err := t.dir(p, e)
 		if err != nil {
 			return fail(err)
 		}
@@ -173,25 +314,24 @@ restart:
 	}
 }
 
-// dir decodes the directory p, the entry e of parent, once.
-func (t TreeFS) dir(parent *treeDirIndex, p string, e *object.TreeEntry) (*treeDirIndex, error) {
+// dir decodes the directory p, whose entry is e, once.
+func (t TreeFS) dir(p string, e *object.TreeEntry) (*treeDirIndex, error) {
 	if d, ok := t.s.dirs[p]; ok {
 		return d, nil
 	}
-	sub, err := parent.tree.Tree(e.Name)
+	d, err := decodeDir(t.s.objects, e.Hash)
 	if err != nil {
 		return nil, fmt.Errorf("directory %s: %w", p, err)
 	}
-	d := index(sub)
 	t.s.dirs[p] = d
 	return d, nil
 }
 
-func (t TreeFS) linkTarget(d *treeDirIndex, e *object.TreeEntry) (string, error) {
+func (t TreeFS) linkTarget(e *object.TreeEntry) (string, error) {
 	if s, ok := t.s.targets[e]; ok {
 		return s, nil
 	}
-	f, err := d.tree.TreeEntryFile(e)
+	f, err := t.s.files.TreeEntryFile(e)
 	if err != nil {
 		return "", err
 	}
@@ -214,7 +354,7 @@ func (t TreeFS) linkTarget(d *treeDirIndex, e *object.TreeEntry) (string, error)
 
 // blob is the file of a resolved regular file.
 func (t TreeFS) blob(op string, r resolved) (*object.File, error) {
-	f, err := r.dir.tree.TreeEntryFile(r.entry)
+	f, err := t.s.files.TreeEntryFile(r.entry)
 	if err != nil {
 		return nil, &fs.PathError{Op: op, Path: r.path, Err: err}
 	}
@@ -335,7 +475,7 @@ func (t TreeFS) ReadLink(name string) (string, error) {
 	if r.entry.Mode != filemode.Symlink {
 		return "", &fs.PathError{Op: "readlink", Path: name, Err: fs.ErrInvalid}
 	}
-	target, err := t.linkTarget(r.dir, r.entry)
+	target, err := t.linkTarget(r.entry)
 	if err != nil {
 		return "", &fs.PathError{Op: "readlink", Path: name, Err: err}
 	}
@@ -353,17 +493,17 @@ func (t TreeFS) ReadDir(name string) ([]fs.DirEntry, error) {
 		return nil, &fs.PathError{Op: "readdir", Path: name, Err: errors.New("not a directory")}
 	}
 	d := t.s.dirs["."]
-	if r.dir != nil {
-		if d, err = t.dir(r.dir, r.path, r.entry); err != nil {
+	if r.path != "." {
+		if d, err = t.dir(r.path, r.entry); err != nil {
 			return nil, &fs.PathError{Op: "readdir", Path: name, Err: err}
 		}
 	}
 	if d.err != nil {
 		return nil, &fs.PathError{Op: "readdir", Path: name, Err: d.err}
 	}
-	out := make([]fs.DirEntry, 0, len(d.tree.Entries))
-	for i := range d.tree.Entries {
-		e := &d.tree.Entries[i]
+	out := make([]fs.DirEntry, 0, len(d.entries))
+	for i := range d.entries {
+		e := &d.entries[i]
 		out = append(out, dirEntry{fs: t, path: path.Join(name, e.Name), info: info(e, 0)})
 	}
 	// Git sorts a tree's entries with directories as if they ended in "/"; io/fs

@@ -2,6 +2,7 @@ package gitsource_test
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"slices"
 	"strconv"
@@ -10,6 +11,11 @@ import (
 	"testing"
 	"testing/fstest"
 	"unsafe"
+
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/filemode"
+	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/storage/memory"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
@@ -91,6 +97,9 @@ func TestTreeFSFollowsLinksWithinTheTreeAndABoundedNumberOfHops(t *testing.T) {
 			open: "a/x", fail: `directory a holds an entry named "..", which no checkout can hold`},
 		{name: "two entries of one name", files: gittree.Files{"a/x": gittree.Regular("file"), "a/x/y": gittree.Regular("dir")},
 			open: "a/x", fail: `directory a holds two entries named "x"`},
+		{name: "two entries of one name with others between them", files: gittree.Files{"a/x": gittree.Regular("file"), "a/x-1": gittree.Regular("1"),
+			"a/x.y": gittree.Regular("y"), "a/x/y": gittree.Regular("dir")},
+			open: "a/x-1", fail: `directory a holds two entries named "x"`},
 		{name: "a deep directory", files: gittree.Files{deep: gittree.Regular("deep")}, open: deep, want: "deep"},
 	}
 	for _, tc := range cases {
@@ -119,6 +128,72 @@ func TestTreeFSFollowsLinksWithinTheTreeAndABoundedNumberOfHops(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Git writes a tree's entries sorted, and TreeFS finds names by binary search in that
+// order; a commit may hold a tree written otherwise, which must read as go-git reads it.
+func TestTreeFSReadsATreeOutOfGitsOrder(t *testing.T) {
+	objects := memory.NewStorage()
+	store := func(tb testing.TB, typ plumbing.ObjectType, data []byte) plumbing.Hash {
+		tb.Helper()
+		obj := objects.NewEncodedObject()
+		obj.SetType(typ)
+		w, err := obj.Writer()
+		if err == nil {
+			_, err = w.Write(data)
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+		h, err := objects.SetEncodedObject(obj)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return h
+	}
+	// go-git writes only sorted trees; these are written entry by entry as given.
+	write := func(tb testing.TB, entries ...object.TreeEntry) plumbing.Hash {
+		var b []byte
+		for _, e := range entries {
+			b = append(append(fmt.Appendf(b, "%o %s", uint32(e.Mode), e.Name), 0), e.Hash[:]...)
+		}
+		return store(tb, plumbing.TreeObject, b)
+	}
+	blob := func(tb testing.TB, data string) plumbing.Hash { return store(tb, plumbing.BlobObject, []byte(data)) }
+	z, a := blob(t, "z"), blob(t, "a")
+	sub := write(t, object.TreeEntry{Name: "f", Mode: filemode.Regular, Hash: a})
+	unsorted := write(t,
+		object.TreeEntry{Name: "z", Mode: filemode.Regular, Hash: z},
+		object.TreeEntry{Name: "dir", Mode: filemode.Dir, Hash: sub},
+		object.TreeEntry{Name: "a", Mode: filemode.Regular, Hash: a})
+	fsys := gitsource.NewTreeFS(objects, unsorted)
+	for name, want := range map[string]string{"z": "z", "a": "a", "dir/f": "a"} {
+		if got, err := fs.ReadFile(fsys, name); err != nil || string(got) != want {
+			t.Errorf("ReadFile %s = %q, %v; want %q", name, got, err, want)
+		}
+	}
+	if _, err := fsys.Stat("b"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Stat of a missing name: %v, want fs.ErrNotExist", err)
+	}
+	list, err := fsys.ReadDir(".")
+	if names := dirNames(list); err != nil || !slices.Equal(names, []string{"a", "dir", "z"}) {
+		t.Errorf("ReadDir = %v, %v; want a, dir, z", names, err)
+	}
+	twice := write(t,
+		object.TreeEntry{Name: "x", Mode: filemode.Regular, Hash: z},
+		object.TreeEntry{Name: "a", Mode: filemode.Regular, Hash: a},
+		object.TreeEntry{Name: "x", Mode: filemode.Regular, Hash: a})
+	if _, err := fs.ReadFile(gitsource.NewTreeFS(objects, twice), "a"); err == nil || !strings.Contains(err.Error(), `holds two entries named "x"`) {
+		t.Errorf("a tree holding x twice, out of order: %v", err)
+	}
+}
+
+func dirNames(list []fs.DirEntry) []string {
+	var out []string
+	for _, e := range list {
+		out = append(out, e.Name())
+	}
+	return out
 }
 
 func TestTreeFSLstatAndReadLinkReportTheLinkItself(t *testing.T) {
@@ -169,9 +244,9 @@ func TestTreeFSReadsEveryPathToOneBlobIntoOneSlice(t *testing.T) {
 func TestTreeFSIsSafeForConcurrentLoads(t *testing.T) {
 	files := gittree.FromMapFS(fleetgen.Fleet(20, fleetgen.Options{OverlayEvery: 3}))
 	files["clusters/alias"] = gittree.Link(fleetgen.ClusterName(1))
-	tree := gittree.New(t, files)
-	shared := gitsource.NewTreeFS(tree)
-	want := fleet.Load(gitsource.NewTreeFS(tree))
+	objects, tree := gittree.New(t, files)
+	shared := gitsource.NewTreeFS(objects, tree)
+	want := fleet.Load(gitsource.NewTreeFS(objects, tree))
 	var wg sync.WaitGroup
 	results := make([]*fleet.Fleet, 8)
 	for i := range results {
@@ -179,7 +254,7 @@ func TestTreeFSIsSafeForConcurrentLoads(t *testing.T) {
 			// Half share one TreeFS, half have their own over the same tree.
 			fsys := shared
 			if i%2 == 1 {
-				fsys = gitsource.NewTreeFS(tree)
+				fsys = gitsource.NewTreeFS(objects, tree)
 			}
 			results[i] = fleet.Load(fsys)
 		})

@@ -261,7 +261,7 @@ func openRef(dir, rev string) (fs.FS, string, error) {
 			return nil, "", fmt.Errorf("--ref: %s has no directory %s: %w", rev, sub, err)
 		}
 	}
-	return gitsource.NewTreeFS(tree), h.String(), nil
+	return gitsource.NewTreeFS(repo.Storer, tree.Hash), h.String(), nil
 }
 
 // subdirOfWorktree is dir's slash-separated path from the root of repo's worktree; "."

@@ -81,18 +81,18 @@ func clusterYAML(i int) []byte {
 func BenchmarkLoadHostileHead(b *testing.B) {
 	for _, h := range hostileHeads() {
 		b.Run(h.name, func(b *testing.B) {
-			tree := gittree.New(b, h.files)
+			objects, tree := gittree.New(b, h.files)
 			var peak uint64
 			b.ReportAllocs()
 			for b.Loop() {
 				var f *fleet.Fleet
-				peak = max(peak, peakHeap(func() { f = fleet.Load(gitsource.NewTreeFS(tree)) }))
+				peak = max(peak, peakHeap(func() { f = fleet.Load(gitsource.NewTreeFS(objects, tree)) }))
 				if f.OverBudget() != h.overBudget {
 					b.Fatalf("over budget %t, want %t: %v", f.OverBudget(), h.overBudget, f.Errors)
 				}
 			}
 			b.ReportMetric(float64(peak)/(1<<20), "peak-MiB")
-			runtime.KeepAlive(tree)
+			runtime.KeepAlive(objects)
 		})
 	}
 }

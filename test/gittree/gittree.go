@@ -54,20 +54,16 @@ func FromMapFS(fsys fstest.MapFS) Files {
 	return out
 }
 
-// New writes files as a commit into a new in-memory repository and returns the commit's
-// tree, ready for gitsource.NewTreeFS.
-func New(tb testing.TB, files Files) *object.Tree {
+// New writes files as a tree into a new in-memory repository and returns the
+// repository's objects and the tree's hash, ready for gitsource.NewTreeFS.
+func New(tb testing.TB, files Files) (storer.EncodedObjectStorer, plumbing.Hash) {
 	tb.Helper()
 	s := memory.NewStorage()
 	h, err := WriteTree(s, files)
 	if err != nil {
 		tb.Fatalf("gittree: %v", err)
 	}
-	t, err := object.GetTree(s, h)
-	if err != nil {
-		tb.Fatalf("gittree: reading back the tree: %v", err)
-	}
-	return t
+	return s, h
 }
 
 // WriteCommit writes files as a commit with the given parents into s and returns its hash.

@@ -22,7 +22,10 @@ func TestTreesHoldWhatTheFilesSay(t *testing.T) {
 	for _, p := range []string{"copies/1", "copies/2", "copies/3"} {
 		files[p] = gittree.File{Data: big}
 	}
-	tree := gittree.New(t, files)
+	tree, err := object.GetTree(gittree.New(t, files))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	want := map[string]struct {
 		mode filemode.FileMode
