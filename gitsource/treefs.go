@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
@@ -109,8 +110,8 @@ func NewTreeFS(objects storer.EncodedObjectStorer, root plumbing.Hash) TreeFS {
 	return TreeFS{s: s}
 }
 
-// decodeDir reads the tree h into its entries. The names are substrings of one copy
-// of the tree's content, so that a directory of 10,000 entries costs a few
+// decodeDir reads the tree h into its entries. The names are substrings of the
+// tree's content as read, so that a directory of 10,000 entries costs two
 // allocations, where go-git's own decoder makes several per entry; modes are made
 // canonical as go-git makes them.
 func decodeDir(objects storer.EncodedObjectStorer, h plumbing.Hash) (*treeDirIndex, error) {
@@ -137,7 +138,8 @@ func decodeDir(objects storer.EncodedObjectStorer, h plumbing.Hash) (*treeDirInd
 		}
 		rest = rest[nul+1+len(plumbing.ZeroHash):]
 	}
-	text := string(data)
+	// data is never written again, so the names can share it rather than a copy.
+	text := unsafe.String(unsafe.SliceData(data), len(data))
 	entries := make([]object.TreeEntry, 0, n)
 	for at, rest := 0, data; len(rest) > 0; {
 		e, next, err := nextEntry(rest)
