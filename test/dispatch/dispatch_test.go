@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,6 +39,7 @@ func TestDispatchThroughTheTunnel(t *testing.T) {
 		{"the proxy refuses what MultiKueue does not need and any token but the worker's", w.testProxyRefuses},
 		{"another tenant's job never reaches this tenant's workers", w.testTenantsStayApart},
 		{"a cordon keeps the running job and holds the next one on the hub", w.testCordonKeepsRunningWork},
+		{"a judgement of Kueue's that the hub cluster refused to store is stored by the retry", w.testARefusedJudgementIsRetried},
 		{"a tunnel blip within the resume window keeps a job admitted before workerLostTimeout", w.testTunnelBlipIsInvisible},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -283,6 +285,54 @@ func (w *world) testTunnelBlipIsInvisible(t *testing.T) {
 	if after := w.activeCondition(t, eu); after.Status != metav1.ConditionTrue || !after.LastTransitionTime.Equal(&before.LastTransitionTime) {
 		t.Errorf("Kueue saw the blip: its MultiKueueCluster went from Active=%s (since %s) to Active=%s %s: %s (since %s)",
 			before.Status, before.LastTransitionTime.Format(time.RFC3339), after.Status, after.Reason, after.Message, after.LastTransitionTime.Format(time.RFC3339))
+	}
+}
+
+// testARefusedJudgementIsRetried hands the dispatcher a judgement whose first write the
+// hub cluster refuses. Kueue says a judgement once, when it changes, so only the
+// dispatcher's retry can bring the WorkerCluster to it. The judgement is the test's
+// own (the worker unreachable), and Kueue's real one is handed back afterwards, as
+// Kueue has no reason to say it again.
+func (w *world) testARefusedJudgementIsRetried(t *testing.T) {
+	ctx := t.Context()
+	eu := w.worker("gpu-eu")
+	var real kueue.MultiKueueCluster
+	if err := w.hub.Client.Get(ctx, client.ObjectKey{Name: eu.identity}, &real); err != nil {
+		t.Fatal(err)
+	}
+	const message = "the test says the worker's API is unreachable"
+	judged := real.DeepCopy()
+	apimeta.SetStatusCondition(&judged.Status.Conditions, metav1.Condition{Type: kueue.MultiKueueClusterActive, Status: metav1.ConditionFalse,
+		Reason: "ClientConnectionFailed", Message: message})
+	var refused atomic.Int32
+	refuse := func(obj client.Object) error {
+		wc, ok := obj.(*v1alpha1.WorkerCluster)
+		if !ok || wc.Name != eu.name || wc.Status.Dispatch == nil || wc.Status.Dispatch.Active == nil || wc.Status.Dispatch.Active.Message != message {
+			return nil
+		}
+		if refused.Add(1) > 1 {
+			return nil
+		}
+		return apierrors.NewServiceUnavailable("the hub cluster is restarting")
+	}
+	w.refusing.Store(&refuse)
+	t.Cleanup(func() {
+		w.refusing.Store(nil)
+		if err := w.dispatcher.Judged(context.WithoutCancel(ctx), &real); err != nil {
+			t.Errorf("handing Kueue's own judgement back: %v", err)
+		}
+		w.dispatchReady(t, eu, metav1.ConditionTrue, v1alpha1.ReasonDispatchable)
+	})
+
+	if err := w.dispatcher.Judged(ctx, judged); !apierrors.IsServiceUnavailable(err) {
+		t.Fatalf("the judgement's first write: %v, want it refused", err)
+	}
+	wc := w.dispatchReady(t, eu, metav1.ConditionFalse, "ClientConnectionFailed")
+	if c := apimeta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionDispatchReady); !strings.Contains(c.Message, message) {
+		t.Errorf("DispatchReady says %q, not Kueue's judgement", c.Message)
+	}
+	if n := refused.Load(); n < 1 {
+		t.Fatalf("the hub cluster refused %d writes of the judgement", n)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,6 +57,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/test/dispatchtest"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
+	"github.com/flotilla-gitops/flotilla/test/heldpatch"
 	"github.com/flotilla-gitops/flotilla/test/kueuetest"
 	"github.com/flotilla-gitops/flotilla/test/logtest"
 	"github.com/flotilla-gitops/flotilla/test/poll"
@@ -136,6 +138,12 @@ type world struct {
 	repo      *gitserver.Repo
 	notes     *gitnotes.Backend
 	src       *fhub.Source
+
+	// dispatcher is the hub's, which a test may hand a judgement of its own.
+	dispatcher *dispatch.Dispatcher
+	// refusing, when set, answers the hub's status patches it returns an error for in
+	// place of the hub cluster.
+	refusing atomic.Pointer[func(client.Object) error]
 
 	tun        *tunnel.Server
 	tunnelAddr string
@@ -373,7 +381,16 @@ func (w *world) startHub() {
 			tb.Fatal(err)
 		}
 	}
-	status := conditions.NewWriter(hc)
+	statusClient, err := client.NewWithWatch(w.hub.Config, client.Options{Scheme: hc.Scheme(), Mapper: hc.RESTMapper()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	status := conditions.NewWriter(heldpatch.Refuse(statusClient, func(obj client.Object) error {
+		if refuse := w.refusing.Load(); refuse != nil {
+			return (*refuse)(obj)
+		}
+		return nil
+	}))
 	tun, err := tunnel.New(tunnel.Options{Client: hc, Status: status, Liveness: fast, AllowInsecureLoopback: true, Log: logger})
 	if err != nil {
 		tb.Fatal(err)
@@ -409,6 +426,7 @@ func (w *world) startHub() {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	w.dispatcher = dispatcher
 	w.watchJudgements(ctx, dispatcher, logger)
 
 	h, err := fhub.New(fhub.Options{Client: hc, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: w.ids}),
