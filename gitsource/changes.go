@@ -244,7 +244,8 @@ func diffEntries(old, new []byte, each func(o, n treeEntry) error) error {
 	var err error
 	for len(old) > 0 || len(new) > 0 || o.present() || n.present() {
 		if !o.present() && !n.present() && len(old) == len(new) && len(old) <= tail {
-			// What is left is the same bytes in both, split at the same places.
+			// What is left is the same bytes in both, split at the same places: no
+			// change, even where they do not parse, which TreeFS refuses on reading.
 			return nil
 		}
 		if !o.present() && len(old) > 0 {

@@ -242,6 +242,10 @@ func (d *treeDirIndex) find(name string, dir bool) *object.TreeEntry {
 
 // lookup is the directory's entry named name, or nil.
 func (d *treeDirIndex) lookup(name string) *object.TreeEntry {
+	if strings.IndexByte(name, 0) >= 0 {
+		// No entry holds a NUL, and compareNames reads one as the end of a name.
+		return nil
+	}
 	if d.byName != nil {
 		return d.byName[name]
 	}
@@ -320,6 +324,12 @@ restart:
 func (t TreeFS) dir(p string, e *object.TreeEntry) (*treeDirIndex, error) {
 	if d, ok := t.s.dirs[p]; ok {
 		return d, nil
+	}
+	// go-git refuses a name no checkout would write (".git" in its disguises, control
+	// characters) when a blob is read; a directory of such a name is refused the same
+	// way. The empty tree holds nothing, so all it can say of a name is that check.
+	if _, err := t.s.files.FindEntry(e.Name); !errors.Is(err, object.ErrEntryNotFound) {
+		return nil, fmt.Errorf("directory %s: %w", p, err)
 	}
 	d, err := decodeDir(t.s.objects, e.Hash)
 	if err != nil {
@@ -506,7 +516,11 @@ func (t TreeFS) ReadDir(name string) ([]fs.DirEntry, error) {
 	out := make([]fs.DirEntry, 0, len(d.entries))
 	for i := range d.entries {
 		e := &d.entries[i]
-		out = append(out, dirEntry{fs: t, path: path.Join(name, e.Name), info: info(e, 0)})
+		i := info(e, 0)
+		// A name of its own: a slice of the tree's content would keep all of it alive
+		// for as long as the caller keeps the name (a fleet keeps its clusters').
+		i.name = strings.Clone(e.Name)
+		out = append(out, dirEntry{fs: t, path: path.Join(name, e.Name), info: i})
 	}
 	// Git sorts a tree's entries with directories as if they ended in "/"; io/fs
 	// wants plain name order.

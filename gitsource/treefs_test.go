@@ -100,6 +100,14 @@ func TestTreeFSFollowsLinksWithinTheTreeAndABoundedNumberOfHops(t *testing.T) {
 		{name: "two entries of one name with others between them", files: gittree.Files{"a/x": gittree.Regular("file"), "a/x-1": gittree.Regular("1"),
 			"a/x.y": gittree.Regular("y"), "a/x/y": gittree.Regular("dir")},
 			open: "a/x-1", fail: `directory a holds two entries named "x"`},
+		{name: "a directory named .git", files: gittree.Files{"a/.git/x.yaml": gittree.Regular("x")},
+			open: "a/.git/x.yaml", fail: `directory a/.git: invalid path component: ".git"`},
+		{name: "a directory named .git in disguise", files: gittree.Files{"a/.GIT./x.yaml": gittree.Regular("x")},
+			open: "a/.GIT./x.yaml", fail: "invalid path"},
+		{name: "a directory named with a control character", files: gittree.Files{"a/b\x1bc/x.yaml": gittree.Regular("x")},
+			open: "a/b\x1bc/x.yaml", fail: "contains control character"},
+		{name: "a name that goes on past a NUL byte", files: gittree.Files{"a": gittree.Regular("a"), "b": gittree.Regular("b")},
+			open: "a\x00b", fail: "file does not exist"},
 		{name: "a deep directory", files: gittree.Files{deep: gittree.Regular("deep")}, open: deep, want: "deep"},
 	}
 	for _, tc := range cases {
