@@ -205,23 +205,29 @@ func nextEntry(data []byte) (treeEntry, []byte, error) {
 	return e, data[nul+1+len(plumbing.ZeroHash):], nil
 }
 
-// compareEntries orders entries as git sorts a tree: by name, a directory's name as
-// if it ended in a slash.
-func compareEntries(a, b treeEntry) int {
-	n := min(len(a.name), len(b.name))
-	if c := bytes.Compare(a.name[:n], b.name[:n]); c != 0 {
-		return c
+// compareEntries orders entries as git sorts a tree.
+func compareEntries(a, b treeEntry) int { return gitOrder(a.name, a.isDir(), b.name, b.isDir()) }
+
+// gitOrder orders two entries of a tree, named a and b and directories or not, as git
+// sorts them: by name, a directory's as if it ended in a slash. The comparison of two
+// heads reads names as bytes, TreeFS as strings.
+func gitOrder[T ~string | ~[]byte](a T, aDir bool, b T, bDir bool) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return cmp.Compare(a[i], b[i])
+		}
 	}
-	next := func(e treeEntry) byte {
+	next := func(s T, dir bool) byte {
 		switch {
-		case len(e.name) > n:
-			return e.name[n]
-		case e.isDir():
+		case len(s) > n:
+			return s[n]
+		case dir:
 			return '/'
 		}
 		return 0
 	}
-	return cmp.Compare(next(a), next(b))
+	return cmp.Compare(next(a, aDir), next(b, bDir))
 }
 
 // diffEntries calls each for every entry of old or new that the other tree lacks or

@@ -2,7 +2,6 @@ package gitsource
 
 import (
 	"bytes"
-	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -212,23 +211,9 @@ func index(entries []object.TreeEntry) *treeDirIndex {
 	return d
 }
 
-// compareNames orders the entry e and an entry named name as git sorts a tree: by
-// name, a directory's as if it ended in a slash.
+// compareNames orders the entry e and an entry named name as git sorts a tree.
 func compareNames(e *object.TreeEntry, name string, dir bool) int {
-	n := min(len(e.Name), len(name))
-	if c := strings.Compare(e.Name[:n], name[:n]); c != 0 {
-		return c
-	}
-	next := func(s string, dir bool) byte {
-		switch {
-		case len(s) > n:
-			return s[n]
-		case dir:
-			return '/'
-		}
-		return 0
-	}
-	return cmp.Compare(next(e.Name, e.Mode == filemode.Dir), next(name, dir))
+	return gitOrder(e.Name, e.Mode == filemode.Dir, name, dir)
 }
 
 // find is the directory's entry named name that is a directory (dir) or not.

@@ -372,14 +372,22 @@ func (w *Writer) Defer(ctx context.Context, key client.ObjectKey, within time.Du
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.addDeferred(ctx, key, facts, within)
+	return true, nil
+}
+
+// addDeferred puts facts after those deferred for the WorkerCluster named key, or
+// defers them on their own, for as long as ctx lasts, written once within has passed
+// unless a write takes them first. The caller holds w.mu.
+func (w *Writer) addDeferred(ctx context.Context, key client.ObjectKey, facts []Fact, within time.Duration) {
 	d := w.deferred[key]
 	if d == nil {
 		d = &deferredFacts{within: within, ctx: ctx}
 		w.deferred[key] = d
 		d.timer = time.AfterFunc(within, func() { w.flush(key, d) })
 	}
-	d.facts = append(d.facts, facts...)
-	return true, nil
+	// Clipped: a record under way may hold the facts deferred before.
+	d.facts = append(slices.Clip(d.facts), facts...)
 }
 
 // flushTimeout bounds the write of deferred facts whose time came.
@@ -455,13 +463,7 @@ func (w *Writer) keep(key client.ObjectKey, facts []Fact, again *retrying) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if d := w.deferred[key]; d != nil {
-		d.facts = append(slices.Clip(d.facts), facts...)
-		return
-	}
-	d := &deferredFacts{facts: slices.Clone(facts), within: again.every, ctx: again.life}
-	w.deferred[key] = d
-	d.timer = time.AfterFunc(d.within, func() { w.flush(key, d) })
+	w.addDeferred(again.life, key, facts, again.every)
 }
 
 // mayPass reports whether a write refused with err may be taken later: not when the
