@@ -42,7 +42,8 @@ var errLinkLoop = errors.New("too many levels of symbolic links")
 // Lstat and ReadLink report the link itself.
 //
 // ReadShared hands out each blob's content once, whatever the number of paths naming
-// it, so that twenty thousand paths to one large blob cost its size once in memory.
+// it, so that twenty thousand paths to one large blob cost its size once in memory; a
+// tree is decoded once in the same way.
 //
 // A TreeFS is safe for concurrent use. It remembers the directories it decoded and the
 // blobs it handed out for as long as it is referenced.
@@ -59,9 +60,12 @@ type treeState struct {
 	// objects holds the trees and blobs; files reads blobs from it.
 	objects storer.EncodedObjectStorer
 	files   *object.Tree
-	// dirs are the directories decoded so far, by their path without links; "." is the
+	// dirs are the directories reached so far, by their path without links; "." is the
 	// root.
 	dirs map[string]*treeDirIndex
+	// trees are the same directories by their tree's hash: a commit can name one large
+	// tree from many paths, and each must not cost its size again.
+	trees map[plumbing.Hash]*treeDirIndex
 	// blobs are the contents ReadShared handed out, by blob hash.
 	blobs map[plumbing.Hash][]byte
 	// sizes and targets are what entries' blobs were looked up for: a link loop is
@@ -87,6 +91,7 @@ func NewTreeFS(objects storer.EncodedObjectStorer, root plumbing.Hash) TreeFS {
 	s := &treeState{
 		objects: objects,
 		dirs:    map[string]*treeDirIndex{},
+		trees:   map[plumbing.Hash]*treeDirIndex{},
 		blobs:   map[plumbing.Hash][]byte{},
 		sizes:   map[*object.TreeEntry]int64{},
 		targets: map[*object.TreeEntry]string{},
@@ -104,6 +109,8 @@ func NewTreeFS(objects storer.EncodedObjectStorer, root plumbing.Hash) TreeFS {
 	d, err := decodeDir(objects, root)
 	if err != nil {
 		d = &treeDirIndex{err: err}
+	} else {
+		s.trees[root] = d
 	}
 	s.dirs["."] = d
 	return TreeFS{s: s}
@@ -305,7 +312,8 @@ restart:
 	}
 }
 
-// dir decodes the directory p, whose entry is e, once.
+// dir finds the directory p, whose entry is e, decoding its tree the first time any
+// path names it.
 func (t TreeFS) dir(p string, e *object.TreeEntry) (*treeDirIndex, error) {
 	if d, ok := t.s.dirs[p]; ok {
 		return d, nil
@@ -316,9 +324,13 @@ func (t TreeFS) dir(p string, e *object.TreeEntry) (*treeDirIndex, error) {
 	if _, err := t.s.files.FindEntry(e.Name); !errors.Is(err, object.ErrEntryNotFound) {
 		return nil, fmt.Errorf("directory %s: %w", p, err)
 	}
-	d, err := decodeDir(t.s.objects, e.Hash)
-	if err != nil {
-		return nil, fmt.Errorf("directory %s: %w", p, err)
+	d, ok := t.s.trees[e.Hash]
+	if !ok {
+		var err error
+		if d, err = decodeDir(t.s.objects, e.Hash); err != nil {
+			return nil, fmt.Errorf("directory %s: %w", p, err)
+		}
+		t.s.trees[e.Hash] = d
 	}
 	t.s.dirs[p] = d
 	return d, nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -277,5 +278,47 @@ func TestTreeFSIsSafeForConcurrentLoads(t *testing.T) {
 				t.Fatalf("load %d reads cluster %s differently", i, name)
 			}
 		}
+	}
+}
+
+func TestTreeFSDecodesATreeOnceWhateverThePathsNamingIt(t *testing.T) {
+	// A tree of 10,000 entries, as clusters/ is, named by 100 directories of the root.
+	files := gittree.Files{}
+	for i := range 10_000 {
+		files[fmt.Sprintf("f%05d", i)] = gittree.Regular("x")
+	}
+	objects, big := gittree.New(t, files)
+	root := &object.Tree{}
+	for i := range 100 {
+		root.Entries = append(root.Entries, object.TreeEntry{Name: fmt.Sprintf("d%03d", i), Mode: filemode.Dir, Hash: big})
+	}
+	obj := objects.NewEncodedObject()
+	if err := root.Encode(obj); err != nil {
+		t.Fatal(err)
+	}
+	rootHash, err := objects.SetEncodedObject(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsys := gitsource.NewTreeFS(objects, rootHash)
+	read := func(dirs ...int) uint64 {
+		t.Helper()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for _, d := range dirs {
+			if data, err := fs.ReadFile(fsys, fmt.Sprintf("d%03d/f04321", d)); err != nil || string(data) != "x" {
+				t.Fatalf("d%03d/f04321: %q, %v", d, data, err)
+			}
+		}
+		runtime.ReadMemStats(&after)
+		return after.TotalAlloc - before.TotalAlloc
+	}
+	first := read(0)
+	var rest []int
+	for i := 1; i < 100; i++ {
+		rest = append(rest, i)
+	}
+	if others := read(rest...); others >= first {
+		t.Errorf("99 more paths to the tree allocated %d bytes, the first %d: the tree was decoded again", others, first)
 	}
 }
