@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"net/http"
 	"net/http/cgi"
 	"net/http/httptest"
 	"net/url"
@@ -27,6 +28,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,6 +69,8 @@ type Server struct {
 	backendOnce sync.Once
 	backend     *httptest.Server
 	backendErr  error
+	// backendNanos is how long the backend has spent answering, summed over requests.
+	backendNanos atomic.Int64
 }
 
 // Start starts a server on the loopback interface. It is stopped, and its repositories removed,
@@ -172,11 +176,16 @@ func (s *Server) BackendURL(t testing.TB, name string) string {
 			s.backendErr = err
 			return
 		}
-		srv := httptest.NewServer(&cgi.Handler{
+		h := &cgi.Handler{
 			Path: gitPath,
 			Args: []string{"http-backend"},
 			Env:  []string{"GIT_PROJECT_ROOT=" + s.git.Root(), "GIT_HTTP_EXPORT_ALL=1"},
-		})
+		}
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			h.ServeHTTP(w, r)
+			s.backendNanos.Add(int64(time.Since(start)))
+		}))
 		s.backend = srv
 		t.Cleanup(srv.Close)
 	})
@@ -185,6 +194,10 @@ func (s *Server) BackendURL(t testing.TB, name string) string {
 	}
 	return s.backend.URL + "/" + strings.TrimSuffix(name, ".git") + ".git"
 }
+
+// BackendTime is how long the server behind BackendURL has spent answering requests so
+// far: git's own work for its clients, the start of its processes included.
+func (s *Server) BackendTime() time.Duration { return time.Duration(s.backendNanos.Load()) }
 
 // Repo is a repository on a Server. Its methods fail the test they were created with (through
 // t.Fatal, so call them from that test's goroutine); they may be called concurrently.
