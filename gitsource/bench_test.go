@@ -63,7 +63,7 @@ func benchmarkFetchOneChange(b *testing.B, n int) {
 	// from the first timed fetch on is the fetches' share.
 	var since time.Duration
 	reportServer := func(b *testing.B) {
-		b.ReportMetric(float64((srv.BackendTime()-since).Microseconds())/1000/float64(b.N), "ms-server/op")
+		b.ReportMetric(float64((srv.FetchTime()-since).Microseconds())/1000/float64(b.N), "ms-server/op")
 	}
 
 	b.Run("go-git", func(b *testing.B) {
@@ -76,7 +76,7 @@ func benchmarkFetchOneChange(b *testing.B, n int) {
 			b.Fatal(err)
 		}
 		last := snap.Commit
-		since = srv.BackendTime()
+		since = srv.FetchTime()
 		b.ReportAllocs()
 		for b.Loop() {
 			b.StopTimer()
@@ -103,7 +103,7 @@ func benchmarkFetchOneChange(b *testing.B, n int) {
 		gitCLI(b, "", "clone", "-q", "--bare", "--depth", "1", "--single-branch", "--no-tags", url, clone)
 		last := gitCLI(b, clone, "rev-parse", "HEAD")
 		var maxRSS int64
-		since = srv.BackendTime()
+		since = srv.FetchTime()
 		for b.Loop() {
 			b.StopTimer()
 			head := commit()

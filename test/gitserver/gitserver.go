@@ -69,8 +69,9 @@ type Server struct {
 	backendOnce sync.Once
 	backend     *httptest.Server
 	backendErr  error
-	// backendNanos is how long the backend has spent answering, summed over requests.
-	backendNanos atomic.Int64
+	// fetching is how long both HTTP servers have spent answering fetches, in
+	// nanoseconds summed over requests.
+	fetching atomic.Int64
 }
 
 // Start starts a server on the loopback interface. It is stopped, and its repositories removed,
@@ -78,11 +79,14 @@ type Server struct {
 func Start(t testing.TB) *Server {
 	t.Helper()
 	g := gittestserver.NewGitServer(t.TempDir())
+	s := &Server{git: g}
+	g.AddHTTPMiddlewares(s.timeFetches)
 	if err := g.StartHTTP(); err != nil {
 		t.Fatalf("starting git server: %v", err)
 	}
 	t.Cleanup(g.StopHTTP)
-	return &Server{git: g, remote: g.HTTPAddress()}
+	s.remote = g.HTTPAddress()
+	return s
 }
 
 // StartWithAuth is Start for a server that requires HTTP basic authentication with
@@ -90,11 +94,14 @@ func Start(t testing.TB) *Server {
 func StartWithAuth(t testing.TB, user, password string) *Server {
 	t.Helper()
 	g := gittestserver.NewGitServer(t.TempDir()).Auth(user, password)
+	s := &Server{git: g}
+	g.AddHTTPMiddlewares(s.timeFetches)
 	if err := g.StartHTTP(); err != nil {
 		t.Fatalf("starting git server: %v", err)
 	}
 	t.Cleanup(g.StopHTTP)
-	return &Server{git: g, remote: g.HTTPAddressWithCredentials()}
+	s.remote = g.HTTPAddressWithCredentials()
+	return s
 }
 
 // authorizedKeys are the client keys any SSH server of this package accepts. gittestserver
@@ -181,11 +188,7 @@ func (s *Server) BackendURL(t testing.TB, name string) string {
 			Args: []string{"http-backend"},
 			Env:  []string{"GIT_PROJECT_ROOT=" + s.git.Root(), "GIT_HTTP_EXPORT_ALL=1"},
 		}
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			start := time.Now()
-			h.ServeHTTP(w, r)
-			s.backendNanos.Add(int64(time.Since(start)))
-		}))
+		srv := httptest.NewServer(s.timeFetches(h))
 		s.backend = srv
 		t.Cleanup(srv.Close)
 	})
@@ -195,9 +198,23 @@ func (s *Server) BackendURL(t testing.TB, name string) string {
 	return s.backend.URL + "/" + strings.TrimSuffix(name, ".git") + ".git"
 }
 
-// BackendTime is how long the server behind BackendURL has spent answering requests so
-// far: git's own work for its clients, the start of its processes included.
-func (s *Server) BackendTime() time.Duration { return time.Duration(s.backendNanos.Load()) }
+// FetchTime is how long the server has spent answering fetches so far (the ref
+// listings and packs of upload-pack, over both its URLs, the start of git's processes
+// included): git's own share of what its clients wait for.
+func (s *Server) FetchTime() time.Duration { return time.Duration(s.fetching.Load()) }
+
+// timeFetches adds the time h takes over each fetch's request to FetchTime.
+func (s *Server) timeFetches(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/git-upload-pack") && r.URL.Query().Get("service") != "git-upload-pack" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		start := time.Now()
+		h.ServeHTTP(w, r)
+		s.fetching.Add(int64(time.Since(start)))
+	})
+}
 
 // Repo is a repository on a Server. Its methods fail the test they were created with (through
 // t.Fatal, so call them from that test's goroutine); they may be called concurrently.

@@ -333,3 +333,30 @@ func TestMergeRefusesConflictsAndNoOps(t *testing.T) {
 		t.Errorf("main is %s on %v, want %s on %s", c.Hash, c.ParentHashes, after, ours)
 	}
 }
+
+func TestFetchTimeCountsFetchesNotPushes(t *testing.T) {
+	srv := gitserver.Start(t)
+	repo := srv.NewRepo(t, "fleet", "")
+	repo.Commit("main", "first", map[string][]byte{"a": []byte("a\n")})
+	git := func(args ...string) {
+		t.Helper()
+		if out, err := exec.CommandContext(t.Context(), "git", args...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v: %s", args, err, out)
+		}
+	}
+	work := filepath.Join(t.TempDir(), "work")
+	git("clone", "-q", repo.URL(), work)
+	cloned := srv.FetchTime()
+	if cloned <= 0 {
+		t.Fatalf("FetchTime after a clone: %v", cloned)
+	}
+	git("-C", work, "-c", "user.name=other", "-c", "user.email=other@example.com", "commit", "-q", "--allow-empty", "-m", "other")
+	git("-C", work, "push", "-q", "origin", "main")
+	if pushed := srv.FetchTime(); pushed != cloned {
+		t.Errorf("a push moved FetchTime from %v to %v", cloned, pushed)
+	}
+	git("clone", "-q", "--bare", srv.BackendURL(t, "fleet"), filepath.Join(t.TempDir(), "backend"))
+	if backend := srv.FetchTime(); backend <= cloned {
+		t.Errorf("a clone through BackendURL left FetchTime at %v", backend)
+	}
+}

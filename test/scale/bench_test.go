@@ -71,7 +71,9 @@ const idleWindow = 90 * time.Second
 // calls it without dispatch: configured at the new generation.
 //
 //   - push-to-success: a commit cordons or uncordons one cluster; from the webhook to
-//     its status success on the forge, for pushSamples commits per iteration.
+//     its status success on the forge, for pushSamples commits per iteration, with the
+//     share of the hub's fetch (s-fetch) and of the git server's answers to it
+//     (s-server) in that.
 //   - fleet-wide (1,000 clusters and more): a commit to fleet.yaml changes every
 //     cluster; until the fleet's summary on the forge says every cluster is ready (every
 //     agent acknowledged its new state), with the forge's requests, and until every
@@ -98,10 +100,12 @@ func BenchmarkHub(b *testing.B) {
 		w := newWorld(b, n, profile)
 		b.Run(fmt.Sprintf("clusters=%d/push-to-success", n), func(b *testing.B) {
 			var took []time.Duration
+			var served time.Duration
 			before, fetched := w.hub.requests.snapshot(), w.hub.fetchTime()
 			for b.Loop() {
 				for range pushSamples {
-					took = append(took, w.pushOne(b, len(took)))
+					push, server := w.pushOne(b, len(took))
+					took, served = append(took, push), served+server
 				}
 			}
 			got := w.hub.requests.snapshot().minus(before)
@@ -119,6 +123,9 @@ func BenchmarkHub(b *testing.B) {
 			b.ReportMetric(float64(got.reads())/float64(len(took)), "reads/push")
 			// Of which fetching the commit and telling what it changed.
 			b.ReportMetric((w.hub.fetchTime()-fetched).Seconds()/float64(len(took)), "s-fetch/push")
+			// Of which the git server's answers to the fetch, which grow with the fleet
+			// for git's own client too (gitsource's BenchmarkFetchOneChange).
+			b.ReportMetric(served.Seconds()/float64(len(took)), "s-server/push")
 			if one, ok := pushes[1]; ok && n > 1 {
 				b.ReportMetric(mean.Seconds()/one.Seconds(), "x-1-cluster")
 			}
@@ -224,8 +231,9 @@ func sum(a, b map[string]int) map[string]int {
 }
 
 // pushOne cordons or uncordons one cluster, the i-th change, and returns how long the
-// hub took from the webhook to the cluster's status success on the commit.
-func (w *world) pushOne(b *testing.B, i int) time.Duration {
+// hub took from the webhook to the cluster's status success on the commit, and how much
+// of that the git server spent answering the hub's fetches.
+func (w *world) pushOne(b *testing.B, i int) (took, server time.Duration) {
 	name := fleetgen.ClusterName(i * 7919 % w.n)
 	file := fleet.ClustersDir + "/" + name + "/" + fleet.ClusterFile
 	before := w.file(file)
@@ -234,10 +242,12 @@ func (w *world) pushOne(b *testing.B, i int) time.Duration {
 		after = strings.Replace(before, "cordoned: true", "cordoned: false", 1)
 	}
 	sha := w.push("toggle the cordon of "+name, map[string][]byte{file: []byte(after)})
+	// The push fetched too, through the test's own clone; from here on only the hub does.
+	served := w.git.FetchTime()
 	began := time.Now()
 	w.hub.src.Trigger()
 	w.waitForge(b, sha, "flotilla/"+name, "success", 5*time.Minute)
-	return time.Since(began)
+	return time.Since(began), w.git.FetchTime() - served
 }
 
 // changeAll changes every cluster's desired state with one commit to fleet.yaml (a

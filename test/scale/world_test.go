@@ -63,6 +63,7 @@ type world struct {
 	ns     string
 	// files are the fleet as committed last, for changes.
 	files fstest.MapFS
+	git   *gitserver.Server
 	repo  *gitserver.Repo
 	forge *githubtest.Server
 	ids   *secrets.Identities
@@ -129,7 +130,8 @@ func newWorld(tb testing.TB, n int, profile hubProfile) *world {
 	w.ids = ids
 	tokens := w.generate(id)
 	generated := time.Since(began)
-	w.repo = newFleetRepo(tb, gitserver.Start(tb), "fleet-"+w.tenant, w.files, func(fsys fstest.MapFS) string { return fleetgen.WriteDir(tb, fsys) })
+	w.git = gitserver.Start(tb)
+	w.repo = newFleetRepo(tb, w.git, "fleet-"+w.tenant, w.files, func(fsys fstest.MapFS) string { return fleetgen.WriteDir(tb, fsys) })
 	w.forge = githubtest.Start(tb)
 	w.forge.AddCommit(w.repo.Head("main"))
 	w.watch = watchFleet(tb, w.ns, n)
