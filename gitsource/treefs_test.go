@@ -143,35 +143,26 @@ func TestTreeFSFollowsLinksWithinTheTreeAndABoundedNumberOfHops(t *testing.T) {
 // order; a commit may hold a tree written otherwise, which must read as go-git reads it.
 func TestTreeFSReadsATreeOutOfGitsOrder(t *testing.T) {
 	objects := memory.NewStorage()
-	store := func(tb testing.TB, typ plumbing.ObjectType, data []byte) plumbing.Hash {
-		tb.Helper()
-		obj := objects.NewEncodedObject()
-		obj.SetType(typ)
-		w, err := obj.Writer()
-		if err == nil {
-			_, err = w.Write(data)
-		}
+	// go-git writes only sorted trees; these are written entry by entry as given.
+	write := func(entries ...object.TreeEntry) plumbing.Hash {
+		t.Helper()
+		h, err := gittree.WriteEntries(objects, entries...)
 		if err != nil {
-			tb.Fatal(err)
-		}
-		h, err := objects.SetEncodedObject(obj)
-		if err != nil {
-			tb.Fatal(err)
+			t.Fatal(err)
 		}
 		return h
 	}
-	// go-git writes only sorted trees; these are written entry by entry as given.
-	write := func(tb testing.TB, entries ...object.TreeEntry) plumbing.Hash {
-		var b []byte
-		for _, e := range entries {
-			b = append(append(fmt.Appendf(b, "%o %s", uint32(e.Mode), e.Name), 0), e.Hash[:]...)
+	blob := func(data string) plumbing.Hash {
+		t.Helper()
+		h, err := gittree.WriteBlob(objects, []byte(data))
+		if err != nil {
+			t.Fatal(err)
 		}
-		return store(tb, plumbing.TreeObject, b)
+		return h
 	}
-	blob := func(tb testing.TB, data string) plumbing.Hash { return store(tb, plumbing.BlobObject, []byte(data)) }
-	z, a := blob(t, "z"), blob(t, "a")
-	sub := write(t, object.TreeEntry{Name: "f", Mode: filemode.Regular, Hash: a})
-	unsorted := write(t,
+	z, a := blob("z"), blob("a")
+	sub := write(object.TreeEntry{Name: "f", Mode: filemode.Regular, Hash: a})
+	unsorted := write(
 		object.TreeEntry{Name: "z", Mode: filemode.Regular, Hash: z},
 		object.TreeEntry{Name: "dir", Mode: filemode.Dir, Hash: sub},
 		object.TreeEntry{Name: "a", Mode: filemode.Regular, Hash: a})
@@ -188,7 +179,7 @@ func TestTreeFSReadsATreeOutOfGitsOrder(t *testing.T) {
 	if names := dirNames(list); err != nil || !slices.Equal(names, []string{"a", "dir", "z"}) {
 		t.Errorf("ReadDir = %v, %v; want a, dir, z", names, err)
 	}
-	twice := write(t,
+	twice := write(
 		object.TreeEntry{Name: "x", Mode: filemode.Regular, Hash: z},
 		object.TreeEntry{Name: "a", Mode: filemode.Regular, Hash: a},
 		object.TreeEntry{Name: "x", Mode: filemode.Regular, Hash: a})
@@ -288,19 +279,15 @@ func TestTreeFSDecodesATreeOnceWhateverThePathsNamingIt(t *testing.T) {
 		files[fmt.Sprintf("f%05d", i)] = gittree.Regular("x")
 	}
 	objects, big := gittree.New(t, files)
-	root := &object.Tree{}
+	var dirs []object.TreeEntry
 	for i := range 100 {
-		root.Entries = append(root.Entries, object.TreeEntry{Name: fmt.Sprintf("d%03d", i), Mode: filemode.Dir, Hash: big})
+		dirs = append(dirs, object.TreeEntry{Name: fmt.Sprintf("d%03d", i), Mode: filemode.Dir, Hash: big})
 	}
-	obj := objects.NewEncodedObject()
-	if err := root.Encode(obj); err != nil {
-		t.Fatal(err)
-	}
-	rootHash, err := objects.SetEncodedObject(obj)
+	root, err := gittree.WriteEntries(objects, dirs...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fsys := gitsource.NewTreeFS(objects, rootHash)
+	fsys := gitsource.NewTreeFS(objects, root)
 	read := func(dirs ...int) uint64 {
 		t.Helper()
 		var before, after runtime.MemStats

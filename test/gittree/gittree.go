@@ -102,6 +102,39 @@ func WriteTree(s storer.EncodedObjectStorer, files Files) (plumbing.Hash, error)
 	return w.tree(root)
 }
 
+// WriteEntries writes a tree of entries into s exactly as given, and returns its hash:
+// for a tree out of git's order, which go-git's encoder refuses, or one naming a tree
+// written before from many places, which Files would spell out path by path.
+func WriteEntries(s storer.EncodedObjectStorer, entries ...object.TreeEntry) (plumbing.Hash, error) {
+	var b []byte
+	for _, e := range entries {
+		b = append(append(fmt.Appendf(b, "%o %s", uint32(e.Mode), e.Name), 0), e.Hash[:]...)
+	}
+	return writeObject(s, plumbing.TreeObject, b)
+}
+
+// WriteBlob writes data as a blob into s and returns its hash.
+func WriteBlob(s storer.EncodedObjectStorer, data []byte) (plumbing.Hash, error) {
+	return writeObject(s, plumbing.BlobObject, data)
+}
+
+func writeObject(s storer.EncodedObjectStorer, typ plumbing.ObjectType, data []byte) (plumbing.Hash, error) {
+	obj := s.NewEncodedObject()
+	obj.SetType(typ)
+	obj.SetSize(int64(len(data)))
+	w, err := obj.Writer()
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	if _, err := w.Write(data); err != nil {
+		return plumbing.ZeroHash, err
+	}
+	if err := w.Close(); err != nil {
+		return plumbing.ZeroHash, err
+	}
+	return s.SetEncodedObject(obj)
+}
+
 // dir is a directory being built; a name may appear among both files and dirs, or twice
 // among files when paths collide, and is written as it stands.
 type dir struct {
@@ -143,20 +176,7 @@ func (w *writer) blob(data []byte) (plumbing.Hash, error) {
 	if h, ok := w.blobs[k]; ok {
 		return h, nil
 	}
-	obj := w.s.NewEncodedObject()
-	obj.SetType(plumbing.BlobObject)
-	obj.SetSize(int64(len(data)))
-	wr, err := obj.Writer()
-	if err != nil {
-		return plumbing.ZeroHash, err
-	}
-	if _, err := wr.Write(data); err != nil {
-		return plumbing.ZeroHash, err
-	}
-	if err := wr.Close(); err != nil {
-		return plumbing.ZeroHash, err
-	}
-	h, err := w.s.SetEncodedObject(obj)
+	h, err := WriteBlob(w.s, data)
 	if err != nil {
 		return plumbing.ZeroHash, err
 	}
@@ -194,14 +214,9 @@ func (w *writer) tree(root *dir) (plumbing.Hash, error) {
 		}
 		// Git sorts a tree's entries as if directories' names ended in a slash.
 		slices.SortStableFunc(entries[i], func(a, b object.TreeEntry) int { return cmp.Compare(sortName(a), sortName(b)) })
-		t := &object.Tree{Entries: entries[i]}
-		obj := w.s.NewEncodedObject()
-		if err := t.Encode(obj); err != nil {
-			return plumbing.ZeroHash, fmt.Errorf("encoding tree %q: %w", f.name, err)
-		}
-		h, err := w.s.SetEncodedObject(obj)
+		h, err := WriteEntries(w.s, entries[i]...)
 		if err != nil {
-			return plumbing.ZeroHash, err
+			return plumbing.ZeroHash, fmt.Errorf("tree %q: %w", f.name, err)
 		}
 		if f.up < 0 {
 			return h, nil
