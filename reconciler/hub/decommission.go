@@ -75,7 +75,14 @@ func (s *Source) awaitPrune(ctx context.Context, key client.ObjectKey, identity 
 			return
 		}
 		var cur v1alpha1.WorkerCluster
-		if err := s.hub.opts.Client.Get(ctx, key, &cur); err != nil || cur.Annotations[v1alpha1.DecommissionAnnotation] == "" || cur.Status.AppliedHash == decommissionHash(&cur) {
+		if err := s.hub.opts.Client.Get(ctx, key, &cur); err != nil {
+			if client.IgnoreNotFound(err) != nil {
+				s.log.Error("checking a decommission; trying again", "cluster", key.Name, "in", s.hub.opts.StaleAfter, "error", err)
+				s.awaitPrune(ctx, key, identity, deadline)
+			}
+			return
+		}
+		if cur.Annotations[v1alpha1.DecommissionAnnotation] == "" || cur.Status.AppliedHash == decommissionHash(&cur) {
 			return
 		}
 		msg := "removed; the agent did not connect, so nothing was pruned on the worker"
@@ -87,14 +94,28 @@ func (s *Source) awaitPrune(ctx context.Context, key client.ObjectKey, identity 
 			msg = "removed; the agent did not finish pruning in time, so the worker may keep objects; the agent is revoked"
 		}
 		if err := s.finishDecommission(ctx, &cur, msg); err != nil {
-			s.log.Error("finishing a decommission", "cluster", key.Name, "error", err)
+			// Revoking and deleting may both be done again.
+			s.log.Error("finishing a decommission; trying again", "cluster", key.Name, "in", s.hub.opts.StaleAfter, "error", err)
+			s.awaitPrune(ctx, key, identity, deadline)
 		}
 	})
 	s.pruneTimers[key.Name] = t
 }
 
+// stopPruneTimer stops the drain or prune timer of the cluster name, which is back in
+// the repository.
+func (s *Source) stopPruneTimer(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.pruneTimers[name]; t != nil {
+		t.Stop()
+		delete(s.pruneTimers, name)
+	}
+}
+
 func (s *Source) maybeFinishDecommission(ctx context.Context, wc *v1alpha1.WorkerCluster) error {
-	if wc.Status.AppliedHash != decommissionHash(wc) {
+	// A cluster put back in the repository since is no longer leaving.
+	if wc.Annotations[v1alpha1.DecommissionAnnotation] == "" || wc.Status.AppliedHash != decommissionHash(wc) {
 		return nil
 	}
 	return s.finishDecommission(ctx, wc, "decommissioned: the agent pruned what it owned")
@@ -113,6 +134,7 @@ func (s *Source) finishDecommission(ctx context.Context, wc *v1alpha1.WorkerClus
 	s.post(ctx, sourceOf(wc).Commit, commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Success, Description: msg})
 	s.mu.Lock()
 	delete(s.states, wc.Name)
+	delete(s.poolFull, wc.Name)
 	s.mu.Unlock()
 	s.publishFleetSoon()
 	return nil

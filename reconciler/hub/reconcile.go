@@ -160,7 +160,10 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		want.Labels = mergeMaps(want.Labels, map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue, v1alpha1.WorkerClusterLabel: identity})
 		want.Annotations = mergeMaps(want.Annotations, map[string]string{v1alpha1.EnrollmentBlobAnnotation: p.blob})
 		delete(want.Annotations, v1alpha1.InvalidAnnotation)
+		// Back in the repository while it drained or waited for its prune: it stays.
 		delete(want.Annotations, v1alpha1.DecommissionAnnotation)
+		delete(want.Annotations, v1alpha1.DrainingSinceAnnotation)
+		delete(want.Annotations, v1alpha1.DrainedAnnotation)
 		delete(want.Annotations, v1alpha1.HubErrorAnnotation)
 		delete(want.Annotations, v1alpha1.LegacySourceCommitAnnotation)
 		delete(want.Annotations, v1alpha1.LegacySourceDigestAnnotation)
@@ -173,6 +176,7 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 	if err != nil {
 		return err
 	}
+	s.stopPruneTimer(c.Name)
 
 	facts := []conditions.Fact{conditions.Desired{Hash: res.Hash}, conditions.Sourced{Commit: commit, InputsDigest: digest}}
 	// The tunnel holds the state it was pushed and sends it on every connect and

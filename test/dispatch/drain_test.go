@@ -40,6 +40,7 @@ func TestRemovalDrainsFirst(t *testing.T) {
 	w := newWorld(t, worldOptions{tenant: "drain", workloads: "ml-drain", staleAfter: drainStaleAfter})
 	w.allDispatchable(t)
 	t.Run("a removed cluster keeps running its job and is decommissioned once the job finished", w.testDrainWaitsForRunningWork)
+	t.Run("a cluster put back while it drains takes work again and stays", w.testPutBackDuringTheDrain)
 	t.Run("a job that never finishes holds the decommission for the grace period only", w.testDrainEndsAfterTheGracePeriod)
 }
 
@@ -74,6 +75,43 @@ func (w *world) testDrainWaitsForRunningWork(t *testing.T) {
 		t.Errorf("the drain ended %s after it began, with the default grace period of an hour: not because the job finished", drained.Sub(since))
 	}
 	w.neverEvicted(t, j, eu)
+}
+
+func (w *world) testPutBackDuringTheDrain(t *testing.T) {
+	us := w.worker("gpu-us")
+	j := w.submit(t, "runs-through-a-put-back", "us")
+	remote := w.placedOn(t, j, us)
+	start(t, us, remote)
+
+	w.removeCluster(t, us, nil)
+	w.dispatchReady(t, us, metav1.ConditionFalse, v1alpha1.ReasonDraining)
+	back := w.restoreCluster(t, us)
+	w.dispatchReady(t, us, metav1.ConditionTrue, v1alpha1.ReasonDispatchable)
+	st := w.commitStatusOn(t, us, back, commitstatus.Success, "")
+	t.Logf("%s: %s: %s", us.name, st.State, st.Description)
+	// Left on it, the drain would go on: its next check, once the job is done,
+	// decommissions the cluster that is back in the repository.
+	wc := w.workerCluster(t, us)
+	for _, a := range []string{v1alpha1.DrainingSinceAnnotation, v1alpha1.DrainedAnnotation, v1alpha1.DecommissionAnnotation} {
+		if v, ok := wc.Annotations[a]; ok {
+			t.Errorf("the cluster put back keeps %s=%s", a, v)
+		}
+	}
+	poll.Until(t, us.name+": the worker's ClusterQueue takes work again", func() (bool, string) {
+		var cq kueue.ClusterQueue
+		if err := us.plane.Client.Get(t.Context(), client.ObjectKey{Name: "cluster-queue"}, &cq); err != nil {
+			return false, err.Error()
+		}
+		got := ptr.Deref(cq.Spec.StopPolicy, kueue.None)
+		return got == kueue.None, fmt.Sprintf("stopPolicy %s", got)
+	})
+	if got, ok := workerJob(t, us, j); !ok || got.UID != remote.UID {
+		t.Errorf("the job on %s was replaced or removed (found %t, UID %v, was %s)", us.name, ok, uidOf(got), remote.UID)
+	}
+	w.neverEvicted(t, j, us)
+
+	complete(t, us, remote)
+	w.finishedOnHub(t, j)
 }
 
 func (w *world) testDrainEndsAfterTheGracePeriod(t *testing.T) {

@@ -608,6 +608,23 @@ func (w *world) removeCluster(tb testing.TB, wk *worker, fleetChange []byte) str
 	return sha
 }
 
+// restoreCluster commits the cluster's directory back as the first commit had it, and
+// has the hub fetch it as a webhook would.
+func (w *world) restoreCluster(tb testing.TB, wk *worker) string {
+	tb.Helper()
+	changes := map[string][]byte{}
+	for _, name := range []string{fleet.ClusterFile, fleet.EnrollmentFile} {
+		data, err := os.ReadFile(filepath.Join(w.dir, fleet.ClustersDir, wk.name, name))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		changes[path.Join(fleet.ClustersDir, wk.name, name)] = data
+	}
+	sha := w.repo.Commit("main", wk.name+": put back", changes)
+	w.src.Trigger()
+	return sha
+}
+
 // allDispatchable waits until every worker takes work again: what each test starts
 // from.
 func (w *world) allDispatchable(tb testing.TB) {
