@@ -113,6 +113,22 @@ func TestLoadRejectsWorkerNameOtherThanItsDirectory(t *testing.T) {
 			others: true,
 		},
 		{
+			name:    "directory name is the fleet summary's context",
+			changes: newCluster(t, "fleet", "fleet"),
+			cluster: "fleet",
+			file:    "clusters/fleet", line: 0, col: 0,
+			msg:    `cluster directory name "fleet" is reserved: the commit status flotilla/fleet is the fleet's summary`,
+			others: true,
+		},
+		{
+			name:    "directory name is the plan's context",
+			changes: newCluster(t, "plan", "plan"),
+			cluster: "plan",
+			file:    "clusters/plan", line: 0, col: 0,
+			msg:    `cluster directory name "plan" is reserved: the commit status flotilla/plan is a pull request's plan`,
+			others: true,
+		},
+		{
 			name:    "directory name is longer than a label",
 			changes: newCluster(t, strings.Repeat("b", 64), strings.Repeat("b", 64)),
 			cluster: strings.Repeat("b", 64),

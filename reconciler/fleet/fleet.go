@@ -39,6 +39,13 @@ const (
 	DefaultStatusContextPrefix = "flotilla"
 )
 
+// The commit-status contexts of the fleet's summary and of a pull request's plan, after
+// the fleet's prefix as each cluster's is: no cluster directory may take their names.
+const (
+	SummaryContextName = "fleet"
+	PlanContextName    = "plan"
+)
+
 // Fleet is a fleet repository as loaded from one tree.
 type Fleet struct {
 	// Spec is fleet.yaml; nil when it is missing or could not be decoded.

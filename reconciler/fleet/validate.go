@@ -182,6 +182,12 @@ func validateCluster(f *Fleet, c *Cluster) {
 	if msgs := validation.IsDNS1123Label(c.Name); len(msgs) > 0 {
 		dirErr.whole("cluster directory name %q is not a DNS label: %s", c.Name, strings.Join(msgs, "; "))
 	}
+	switch c.Name {
+	case SummaryContextName:
+		dirErr.whole("cluster directory name %q is reserved: the commit status %s/%s is the fleet's summary", c.Name, f.StatusContextPrefix(), c.Name)
+	case PlanContextName:
+		dirErr.whole("cluster directory name %q is reserved: the commit status %s/%s is a pull request's plan", c.Name, f.StatusContextPrefix(), c.Name)
+	}
 	objects := checkYAMLFiles(c.Files, c.Name, &c.Errors)
 
 	cf := path.Join(c.Dir, ClusterFile)

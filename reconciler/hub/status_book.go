@@ -9,6 +9,7 @@ import (
 	"k8s.io/utils/lru"
 
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 )
 
@@ -248,7 +249,7 @@ func (s *Source) post(_ context.Context, commit string, st commitstatus.Status) 
 }
 
 // fleetContext names the fleet's summary under the source's prefix.
-const fleetContext = "fleet"
+const fleetContext = fleet.SummaryContextName
 
 func (s *Source) submit(commit string, st commitstatus.Status, sub commitstatus.Submission) {
 	if s.publisher == nil {

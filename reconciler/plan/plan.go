@@ -29,7 +29,7 @@ import (
 )
 
 // ContextName is the plan status's context after the fleet's prefix: "<prefix>/plan".
-const ContextName = "plan"
+const ContextName = fleet.PlanContextName
 
 // MaxDescription is the longest status description posted: GitHub's limit, the
 // smallest of the forges'.
