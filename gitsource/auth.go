@@ -68,7 +68,16 @@ func knownHostsCallback(data []byte) (ssh.HostKeyCallback, error) {
 // ("git"), never a secret, and is kept.
 func RedactURL(s string) string {
 	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
+	if err != nil {
+		// A URL that does not parse may still hold credentials: everything between the
+		// scheme and the last @ goes, with the host if a path holds an @ too.
+		scheme, rest, ok := strings.Cut(s, "://")
+		if at := strings.LastIndex(rest, "@"); ok && at >= 0 {
+			return scheme + "://redacted@" + rest[at+1:]
+		}
+		return s
+	}
+	if u.User == nil {
 		return s
 	}
 	if _, hasPassword := u.User.Password(); u.Scheme == "ssh" && !hasPassword {

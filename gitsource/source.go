@@ -126,7 +126,12 @@ func New(opts Options) (*Source, error) {
 	opts.BranchLimits = opts.BranchLimits.withDefaults(DefaultBranchBytes, DefaultBranchObjects)
 	opts.PullRequestLimits = opts.PullRequestLimits.withDefaults(DefaultPullRequestBytes, DefaultPullRequestObjects)
 	if _, err := transport.NewEndpoint(opts.URL); err != nil {
-		return nil, fmt.Errorf("gitsource: %s: %w", RedactURL(opts.URL), err)
+		if redacted := RedactURL(opts.URL); redacted != opts.URL {
+			// The parser's message quotes the URL, or the part of it that is wrong:
+			// the credentials, maybe.
+			return nil, fmt.Errorf("gitsource: %s is not a valid URL", redacted)
+		}
+		return nil, fmt.Errorf("gitsource: %s: %w", opts.URL, err)
 	}
 	return &Source{opts: opts, branch: newStore(), prs: newStore(), refused: map[plumbing.ReferenceName]*BudgetError{}}, nil
 }

@@ -320,6 +320,26 @@ func TestWrongCredentialsAreAClearErrorWithoutTheSecret(t *testing.T) {
 	}
 }
 
+// A URL that does not parse is refused without the credentials written into it, which
+// may be what does not parse.
+func TestAMalformedURLIsRefusedWithoutItsCredentials(t *testing.T) {
+	const secret = "s3cr3t%zz"
+	for _, u := range []string{
+		"https://reader:" + secret + "@git.example/fleet.git",
+		"https://reader:" + secret + " with a space@git.example/fleet.git",
+		"https://" + secret + "@git.example/a@b/fleet.git",
+	} {
+		_, err := gitsource.New(gitsource.Options{URL: u, Branch: "main"})
+		if err == nil {
+			t.Errorf("New accepted %s", gitsource.RedactURL(u))
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "not a valid URL") {
+			t.Errorf("error %q: want the URL refused without its credentials", err)
+		}
+	}
+}
+
 func TestMissingBranchIsAnError(t *testing.T) {
 	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
 	s, err := gitsource.New(gitsource.Options{URL: repo.URL(), Branch: "release"})
