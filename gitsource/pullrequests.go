@@ -316,10 +316,12 @@ func (s *Source) comparePR(ctx context.Context, pr *PullRequest, branchHead *obj
 		return fmt.Errorf("gitsource: tree of %s at %s: %w", pr.Ref, pr.Head, err)
 	}
 	forkPoint := branchHead
-	// MergeBase walks both histories; in a shallow copy it stops at the boundary and
-	// finds nothing, or fails on a missing parent: both mean "too far back".
-	if bases, err := head.MergeBase(branchHead); err == nil && len(bases) > 0 {
-		forkPoint, pr.BaseFound = bases[0], true
+	found, err := mergeBase(s.prs, pr.Head, branchHead.Hash)
+	if err != nil {
+		return fmt.Errorf("gitsource: %s: %w", pr.Ref, err)
+	}
+	if found != nil {
+		forkPoint, pr.BaseFound = found, true
 		pr.Merged = forkPoint.Hash == pr.Head
 	}
 	pr.Base = forkPoint.Hash
@@ -332,4 +334,76 @@ func (s *Source) comparePR(ctx context.Context, pr *PullRequest, branchHead *obj
 	}
 	pr.tree, pr.baseTree, pr.objects = tree.Hash, baseTree.Hash, s.prs
 	return nil
+}
+
+// mergeBase is the fork point of head from branch within st: of the commits of head's
+// history that branch's holds too, the nearest to head that no other of them descends
+// from; nil when the two do not meet within PullRequestDepth commits of each. The
+// copy is shallow: a walk that reaches a commit it does not hold ends there. (go-git's
+// MergeBase fails there instead, which in a copy of more than PullRequestDepth commits
+// is nearly always before the fork point; it also orders by commit dates, which the
+// author of a pull request sets.)
+func mergeBase(st *store, head, branch plumbing.Hash) (*object.Commit, error) {
+	onBranch, err := ancestors(st, branch, nil)
+	if err != nil {
+		return nil, err
+	}
+	var met []*object.Commit
+	if _, err := ancestors(st, head, func(c *object.Commit) bool {
+		if onBranch[c.Hash] {
+			met = append(met, c)
+			return false
+		}
+		return true
+	}); err != nil {
+		return nil, err
+	}
+	// A pull request that merged the branch in meets it there and at the older fork
+	// point below: the newer one is the base.
+	below := map[plumbing.Hash]bool{}
+	if len(met) > 1 {
+		for _, c := range met {
+			older, err := ancestors(st, c.Hash, nil)
+			if err != nil {
+				return nil, err
+			}
+			delete(older, c.Hash)
+			maps.Copy(below, older)
+		}
+	}
+	for _, c := range met {
+		if !below[c.Hash] {
+			return c, nil
+		}
+	}
+	return nil, nil
+}
+
+// ancestors walks from h through the parents st holds, breadth first, for
+// PullRequestDepth generations, and returns the commits it reached. visit, when set, is
+// called on each and says whether to go on below it.
+func ancestors(st *store, h plumbing.Hash, visit func(*object.Commit) bool) (map[plumbing.Hash]bool, error) {
+	seen := map[plumbing.Hash]bool{}
+	frontier := []plumbing.Hash{h}
+	for gen := 0; gen < PullRequestDepth && len(frontier) > 0; gen++ {
+		var next []plumbing.Hash
+		for _, h := range frontier {
+			if seen[h] {
+				continue
+			}
+			c, err := commitOf(st, h)
+			if err != nil {
+				return nil, err
+			}
+			if c == nil {
+				continue
+			}
+			seen[h] = true
+			if visit == nil || visit(c) {
+				next = append(next, c.ParentHashes...)
+			}
+		}
+		frontier = next
+	}
+	return seen, nil
 }

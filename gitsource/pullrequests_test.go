@@ -117,6 +117,41 @@ func TestPullRequestForkedLongAgoIsComparedWithTheBranch(t *testing.T) {
 	}
 }
 
+// In a branch of more commits than the history fetched below it, a pull request behind
+// the branch's head is compared with its fork point all the same: what the branch
+// changed since is not the pull request's. One the branch took in is merged.
+func TestPullRequestBehindALongBranchIsComparedWithItsForkPoint(t *testing.T) {
+	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+	for i := range 60 {
+		repo.Commit("main", "docs", map[string][]byte{"docs.txt": fmt.Appendf(nil, "%d\n", i)})
+	}
+	example := string(fleetgen.Template()[clusterFile(fleetgen.ExampleCluster)].Data)
+	repo.Branch("main", "cordon")
+	repo.Commit("cordon", "cordon", map[string][]byte{clusterFile(fleetgen.ExampleCluster): []byte(strings.Replace(example, "cordoned: false", "cordoned: true", 1))})
+	repo.SetRef("refs/pull/4/head", "cordon")
+	merged := repo.Commit("main", "docs again", map[string][]byte{"docs.txt": []byte("again\n")})
+	repo.SetRef("refs/pull/5/head", "main")
+	repo.Commit("main", "tune the preset", map[string][]byte{"presets/gpu/notes.txt": []byte("x\n")})
+
+	prs, err := newSource(t, repo.URL()).PullRequests(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(prs) != 2 {
+		t.Fatalf("%d pull requests, want 2", len(prs))
+	}
+	behind, in := prs[0], prs[1]
+	if !behind.BaseFound || behind.Merged {
+		t.Errorf("#4: fork point found %t, merged %t: want found, not merged", behind.BaseFound, behind.Merged)
+	}
+	if a := affected(behind.Changes); a.All || !slices.Equal(a.Clusters, []string{fleetgen.ExampleCluster}) {
+		t.Errorf("#4 changes %+v, want %s alone: the preset tuned on main since is not its change", a, fleetgen.ExampleCluster)
+	}
+	if !in.BaseFound || !in.Merged || in.Base.String() != merged {
+		t.Errorf("#5: fork point %s (found %t), merged %t: want its own head %s, merged", in.Base, in.BaseFound, in.Merged, merged)
+	}
+}
+
 // A pull request whose head would bring more than the budget is returned with an error
 // its author can act on, and the pull requests beside it are read all the same.
 func TestPullRequestOverTheBudgetIsReportedAndTheOthersAreRead(t *testing.T) {
