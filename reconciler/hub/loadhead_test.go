@@ -79,6 +79,8 @@ func TestAHeadIsReadOnlyWhereItChanged(t *testing.T) {
 		head fstest.MapFS
 		// ch is what the commit changed, in the paths the source names.
 		ch fleet.Change
+		// lastErr is why the last head was not applied, if it was not.
+		lastErr string
 		// whole is set when the whole head is read again; otherwise every read must
 		// fall within these cluster directories.
 		whole  bool
@@ -93,6 +95,10 @@ func TestAHeadIsReadOnlyWhereItChanged(t *testing.T) {
 			ch: fleet.Change{Paths: []string{shared}}, within: []string{dir, path.Dir(shared)}},
 		{name: "a file fleet.yaml links to reads the whole head", old: fleetLinked, head: fleetChanged,
 			ch: fleet.Change{Paths: []string{fleetTarget}}, whole: true},
+		// What changed while the fleet was broken was not applied: a cordon made then
+		// must not wait for the next fleet-wide change.
+		{name: "a cordon after a head that was not applied reads the whole head", head: cordoned, ch: fleet.Change{Paths: []string{dir}},
+			lastErr: "clusters/gpu-00001: over the head's budget", whole: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -102,9 +108,12 @@ func TestAHeadIsReadOnlyWhereItChanged(t *testing.T) {
 				last = old
 			}
 			first, _ := s.loadHead(last, fleet.Change{All: true, Reason: "first read"})
-			s.setHead(plumbing.NewHash("0123456789abcdef0123456789abcdef01234567"), first, "")
+			s.setHead(plumbing.NewHash("0123456789abcdef0123456789abcdef01234567"), first, tt.lastErr)
 			counter := &readCounter{fsys: tt.head, paths: map[string]int{}}
-			got, _ := s.loadHead(counter, tt.ch)
+			got, aff := s.loadHead(counter, tt.ch)
+			if aff.All != tt.whole {
+				t.Errorf("every cluster affected: %t, want %t (%s)", aff.All, tt.whole, aff.Reason)
+			}
 
 			var outside []string
 			dirs := map[string]bool{}

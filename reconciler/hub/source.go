@@ -88,7 +88,8 @@ type Source struct {
 	// retry are the clusters whose last reconcile failed on the hub's side (the hub
 	// cluster's API, a KMS): the next sync tries them again even if the head is the same.
 	retry map[string]bool
-	// fleetError is set while fleet.yaml or a preset does not validate.
+	// fleetError is set while the head is not applied: fleet.yaml, a preset or the
+	// head's budgets do not validate, or it names another tenant.
 	fleetError string
 	// pruneTimers finish the decommissions whose agent stays away, one per cluster.
 	pruneTimers map[string]*time.Timer

@@ -306,13 +306,20 @@ func (s *Source) markStale(ctx context.Context) {
 // size; the whole head when a fleet-wide input changed, at the first read, or when the
 // last head could not be read whole. The head's budgets still hold: a re-read cluster is
 // charged against what the rest of the head uses.
+//
+// Every cluster is affected when the last head was not applied (it did not validate,
+// or named another tenant): the changes of the heads since the last one applied are
+// more than what this head changed, and were not kept.
 func (s *Source) loadHead(fsys fs.FS, ch fleet.Change) (*fleet.Fleet, fleet.Affected) {
 	s.mu.Lock()
-	prev := s.fleet
+	prev, prevErr := s.fleet, s.fleetError
 	s.mu.Unlock()
 	// The last head's symbolic links say who reads a changed file outside its own
 	// directory; a link the new head adds or changes lies in a changed directory.
 	aff := ch.AffectedIn(prev)
+	if !aff.All && prevErr != "" {
+		aff = fleet.Affected{All: true, Reason: "the last head was not applied: " + prevErr}
+	}
 	if aff.All || prev == nil || prev.OverBudget() || prev.Incomplete() {
 		return fleet.LoadWith(fsys, fleet.LoadOptions{Budget: s.hub.opts.Budget}), aff
 	}
