@@ -182,6 +182,14 @@ func (s *Source) Run(ctx context.Context) {
 	wg.Go(func() { s.runPlans(ctx) })
 	wg.Go(func() { s.runDispatch(ctx) })
 	wg.Go(func() { s.runSummary(ctx) })
+	// The agents a previous hub left connected have StaleAfter to come back, whatever
+	// the repository holds and whether it can be reached.
+	stale := time.AfterFunc(s.hub.opts.StaleAfter, func() {
+		if ctx.Err() == nil {
+			s.markStale(ctx)
+		}
+	})
+	defer stale.Stop()
 	s.poller.Run(ctx)
 	s.queue.ShutDown()
 	wg.Wait()

@@ -15,6 +15,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 	"github.com/flotilla-gitops/flotilla/test/heldpatch"
 	"github.com/flotilla-gitops/flotilla/test/poll"
@@ -52,6 +53,36 @@ func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheWriteWasRefused(
 	startWave(t, waveOptions{threshold: DefaultSummaryThreshold, writes: flaky, staleAfter: time.Second, restarts: first})
 	poll.Until(t, "the restarted hub's record of the agent not back refused", func() (bool, string) {
 		return refused.Load(), "not yet"
+	})
+	poll.Until(t, "the cluster shown disconnected", func() (bool, string) {
+		c := meta.FindStatusCondition(first.stored(key).Status.Conditions, v1alpha1.ConditionConnected)
+		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "has not connected since the hub restarted"),
+			fmt.Sprintf("Connected %+v", c)
+	})
+}
+
+// The look for agents that did not come back waits for nothing in the repository: a
+// restarted hub whose first head it refuses shows them disconnected all the same.
+func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheHeadIsRefused(t *testing.T) {
+	ctx := t.Context()
+	first := startWaveHub(t, 1, DefaultSummaryThreshold)
+	key := client.ObjectKey{Namespace: first.ns, Name: fleetgen.ClusterName(0)}
+	first.desiredRecorded(key)
+	if _, err := first.status.Record(ctx, key, conditions.Connected{At: time.Now().Add(-time.Minute), AgentVersion: "test",
+		KubernetesVersion: "v1.37.0", Protocol: protocol.ProtocolVersion}); err != nil {
+		t.Fatal(err)
+	}
+	first.stop()
+	refused := first.commit("main", "another tenant's fleet", map[string][]byte{fleet.FleetFile: first.edit(fleet.FleetFile, "tenant: example", "tenant: someone-else")})
+
+	startWave(t, waveOptions{threshold: DefaultSummaryThreshold, staleAfter: time.Second, restarts: first})
+	poll.Until(t, "the head refused", func() (bool, string) {
+		for _, r := range first.forge.Store.Latest(refused) {
+			if r.Context == "flotilla/fleet" {
+				return r.State == "failure", r.Description
+			}
+		}
+		return false, "no summary yet"
 	})
 	poll.Until(t, "the cluster shown disconnected", func() (bool, string) {
 		c := meta.FindStatusCondition(first.stored(key).Status.Conditions, v1alpha1.ConditionConnected)

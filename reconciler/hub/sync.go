@@ -108,13 +108,6 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	s.setHead(snap.Commit, f, fleetErr)
 	s.publishFleet(ctx)
 	s.wakeDispatch()
-	if last.IsZero() {
-		time.AfterFunc(s.hub.opts.StaleAfter, func() {
-			if ctx.Err() == nil {
-				s.markStale(ctx)
-			}
-		})
-	}
 	return nil
 }
 
