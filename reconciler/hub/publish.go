@@ -99,6 +99,11 @@ func (s *Source) publish(ctx context.Context, wc *v1alpha1.WorkerCluster) {
 // cluster's state (status_book.go says why a large change leans on it).
 func (s *Source) publishFleet(ctx context.Context) {
 	s.mu.Lock()
+	if s.applying {
+		// The sync posts the new head's summary once it set the head.
+		s.mu.Unlock()
+		return
+	}
 	head, fleetErr, waiting := s.head, s.fleetError, len(s.waitingRemovals)
 	var full []string
 	for _, pool := range s.poolFull {

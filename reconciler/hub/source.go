@@ -83,6 +83,9 @@ type Source struct {
 	prefix string
 	// states are the clusters' last published statuses, for the fleet's summary.
 	states map[string]commitstatus.State
+	// applying is set while a sync reconciles a head it has not set yet: states then
+	// mix the last head's clusters with the new one's, and are no summary of either.
+	applying bool
 	// invalid are the clusters of the last head whose directory does not validate.
 	invalid map[string]string
 	// retry are the clusters whose last reconcile failed on the hub's side (the hub
@@ -234,7 +237,7 @@ func (s *Source) prefixNow() string {
 func (s *Source) setHead(h plumbing.Hash, f *fleet.Fleet, fleetErr string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.last, s.head, s.fleet, s.fleetError = h, h.String(), f, fleetErr
+	s.last, s.head, s.fleet, s.fleetError, s.applying = h, h.String(), f, fleetErr, false
 }
 
 func (s *Source) context(name string) string {

@@ -276,11 +276,22 @@ func TestAWaveOverTheThresholdPostsOnlyItsFailuresAndTheSummary(t *testing.T) {
 	w.repo.Branch("main", "wide")
 	prHead := w.commit("wide", "every cluster gets a priority class", map[string][]byte{fleet.FleetFile: w.edit(fleet.FleetFile, "    - ml-training\n", "    - ml-training\n    - ml-batch\n")})
 	w.repo.SetRef("refs/pull/1/head", "wide")
+	firstSummaries := w.forge.Store.Count(first, "flotilla/fleet")
 	wave := w.commit("main", "a second workload namespace everywhere", changes)
 	w.src.Trigger()
 
 	t.Run("a wave posts its failures and the summary, which links to the commit's page", func(t *testing.T) {
 		got := w.settled(wave, func(st commitstatus.Status) bool { return strings.Contains(st.Description, "2 failing") })
+		// The wave's states are no summary of the head before it, which keeps its own.
+		if n := w.forge.Store.Count(first, "flotilla/fleet"); n != firstSummaries {
+			var last forge.Record
+			for _, r := range w.forge.Store.Latest(first) {
+				if r.Context == "flotilla/fleet" {
+					last = r
+				}
+			}
+			t.Errorf("the wave's sync posted %d summaries on the head before it, the last %s %q", n-firstSummaries, last.State, last.Description)
+		}
 		want := []string{"flotilla/fleet", "flotilla/" + broken[0], "flotilla/" + broken[1]}
 		if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, want) {
 			t.Fatalf("the wave's commit holds %v, want %v", keys, want)

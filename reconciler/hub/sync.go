@@ -104,6 +104,9 @@ func (s *Source) syncBranch(ctx context.Context) error {
 		}
 	}
 	log.Info("reconciling a head", "clusters", len(names), "all", aff.All, "reason", aff.Reason, "retrying", len(retrying))
+	s.mu.Lock()
+	s.applying = true
+	s.mu.Unlock()
 	s.reconcileNames(ctx, log, f, names, existing, attribution(ch, head, f), fleetErr)
 	s.setHead(snap.Commit, f, fleetErr)
 	s.publishFleet(ctx)
