@@ -23,12 +23,17 @@ func Classify(resp *http.Response, err error, now time.Time) error {
 	case code >= 500:
 		return Retryable(err, RetryAfter(resp.Header, now))
 	case code == http.StatusTooManyRequests:
-		return Retryable(err, RetryAfter(resp.Header, now))
+		// A rate limit however it is said: one that names no wait (a proxy in front of
+		// the forge) still pauses the lanes a moment, and teaches the rate it refused.
+		return Retryable(err, max(RetryAfter(resp.Header, now), unstatedRefusalWait))
 	case code == http.StatusForbidden && (resp.Header.Get("Retry-After") != "" || resp.Header.Get("X-RateLimit-Remaining") == "0"):
 		return Retryable(err, RetryAfter(resp.Header, now))
 	}
 	return err
 }
+
+// unstatedRefusalWait is how long every lane pauses after a 429 that names no wait.
+const unstatedRefusalWait = time.Second
 
 // RetryAfter reads how long a server asked to wait: Retry-After in seconds or as an
 // HTTP date, else X-RateLimit-Reset (GitHub's and GitLab's epoch seconds, RateLimit-Reset

@@ -56,6 +56,7 @@ func TestClassify(t *testing.T) {
 	}{
 		{"a server error is retried", 502, nil, true, 0, false},
 		{"too many requests waits as Retry-After says", 429, http.Header{"Retry-After": {"7"}}, true, 7 * time.Second, false},
+		{"too many requests that names no wait waits a second", 429, nil, true, time.Second, false},
 		{"a secondary rate limit (403 with Retry-After) is retried", 403, http.Header{"Retry-After": {"60"}}, true, time.Minute, false},
 		{"an exhausted primary limit waits until the reset", 403, http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"1800000030"}}, true, 30 * time.Second, false},
 		{"GitLab's RateLimit-Reset is read", 429, http.Header{"Ratelimit-Remaining": {"0"}, "Ratelimit-Reset": {"1800000005"}}, true, 5 * time.Second, false},
