@@ -17,7 +17,8 @@ type Submission struct {
 	// Every, when positive, is the least time between two posts of the context on the
 	// commit that keep its state: a summary whose count moves with every cluster's
 	// report is posted at most once per Every, its newest form always, and a change of
-	// state at once.
+	// state at once. Every stretches as the commit's statuses of the context near the
+	// forge's cap (spacing).
 	Every time.Duration
 }
 
@@ -212,10 +213,12 @@ func (q *queue) take(lane Lane, now time.Time) (*queued, time.Time) {
 			continue
 		}
 		if it.sub.Every > 0 {
-			if at, ok := q.p.lastPosted(it.commit, q.p.backend.Canonical(it.st)); ok && at.Add(it.sub.Every).After(now) {
-				it.notBefore = at.Add(it.sub.Every)
-				hold(it.notBefore)
-				continue
+			if at, n, same, ok := q.p.lastPosted(it.commit, q.p.backend.Canonical(it.st)); ok {
+				if next := at.Add(spacing(it.sub.Every, n, same)); next.After(now) {
+					it.notBefore = next
+					hold(it.notBefore)
+					continue
+				}
 			}
 		}
 		q.lanes[lane].Remove(e)
@@ -245,15 +248,29 @@ func (q *queue) superseded(k queueKey) bool {
 	return q.items[k] != nil
 }
 
-// lastPosted is when this process last posted st's context on commit, if the commit
-// still shows it in st's state: a summary that only counts on waits for Every.
-func (p *Publisher) lastPosted(commit string, st Status) (time.Time, bool) {
+// lastPosted is when this process last posted st's context on commit, how many times it
+// did, and whether the commit still shows it in st's state; ok is false if it never did.
+func (p *Publisher) lastPosted(commit string, st Status) (at time.Time, n int, sameState, ok bool) {
 	cs := p.cached(commit)
 	if cs == nil {
-		return time.Time{}, false
+		return time.Time{}, 0, false, false
 	}
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	at, ok := cs.at[st.Context]
-	return at, ok && cs.latest[st.Context].State == st.State
+	at, ok = cs.at[st.Context]
+	return at, cs.posted[st.Context], cs.latest[st.Context].State == st.State, ok
+}
+
+// spacing is the least time after a post of a context submitted with every, which the
+// commit holds n of, before the next one, sameState or not: a forge keeps at most
+// MaxPerContext statuses of a context on a commit, and a summary whose count moves all
+// day on a head that stays would reach that in hours at every. So every doubles with
+// each tenth of the cap spent, which stretches the cap to over a thousand times every
+// (twelve days at ten seconds); a change of state goes at once until half the cap is
+// spent, and waits its turn too from then on.
+func spacing(every time.Duration, n int, sameState bool) time.Duration {
+	if !sameState && n < MaxPerContext/2 {
+		return 0
+	}
+	return every << min(n/(MaxPerContext/10), 10)
 }
