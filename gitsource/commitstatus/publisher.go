@@ -73,7 +73,7 @@ type Publisher struct {
 	commits *lru.Cache
 	// keys serializes the posts of one context on one commit, so that two callers do
 	// not both read, both see a change and both post; loads serializes the reading of
-	// one commit's statuses.
+	// one commit's statuses in each lane.
 	keys, loads keyedMutex
 }
 
@@ -189,7 +189,7 @@ func (p *Publisher) Publish(ctx context.Context, commit string, st Status) (bool
 // says not to. stale, when set, tells that a newer status of the context was queued
 // meanwhile: no attempt is made then. The caller holds the context's key lock.
 func (p *Publisher) deliver(ctx context.Context, commit string, st Status, sub Submission, maxWait time.Duration, stale func() bool) (bool, error) {
-	cs, err := p.state(ctx, commit, maxWait)
+	cs, err := p.state(ctx, commit, sub.Lane, maxWait)
 	if err != nil {
 		return false, err
 	}
@@ -243,7 +243,7 @@ func (s State) failing() bool { return s == Failure || s == Error }
 // Latest is the backend's newest status per context on commit, as the Publisher last
 // read or wrote it.
 func (p *Publisher) Latest(ctx context.Context, commit string) (map[string]Status, error) {
-	cs, err := p.state(ctx, commit, p.opts.MaxWait)
+	cs, err := p.state(ctx, commit, Urgent, p.opts.MaxWait)
 	if err != nil {
 		return nil, err
 	}
@@ -266,19 +266,22 @@ func (p *Publisher) cached(commit string) *commitState {
 }
 
 // state is what the backend holds on commit, read once, waiting for the forge at most
-// maxWait. The read goes in the Urgent lane: it serves every status of the commit,
-// whichever lane it is in.
-func (p *Publisher) state(ctx context.Context, commit string, maxWait time.Duration) (*commitState, error) {
+// maxWait. The read goes in the lane of the status that needs it: the thousands of
+// commits a hub's first read touches are read at the Bulk lane's pace, not out of the
+// reserve a single change's status waits for. A read of each lane may be under way for
+// one commit at once, so that an Urgent status never waits for a Bulk read; the first
+// to finish is kept.
+func (p *Publisher) state(ctx context.Context, commit string, lane Lane, maxWait time.Duration) (*commitState, error) {
 	if cs := p.cached(commit); cs != nil {
 		return cs, nil
 	}
-	unlock := p.loads.lock(commit)
+	unlock := p.loads.lock(lane.String() + "/" + commit)
 	defer unlock()
 	if cs := p.cached(commit); cs != nil {
 		return cs, nil
 	}
 	var latest map[string]Status
-	err := p.request(ctx, Urgent, false, maxWait, nil, func(ctx context.Context) error {
+	err := p.request(ctx, lane, false, maxWait, nil, func(ctx context.Context) error {
 		var err error
 		latest, err = p.backend.Latest(ctx, commit)
 		return err
@@ -291,8 +294,12 @@ func (p *Publisher) state(ctx context.Context, commit string, maxWait time.Durat
 		cs.latest[k] = p.backend.Canonical(v)
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if v, ok := p.commits.Get(commit); ok {
+		// The other lane's read finished first, and its state may have moved on since.
+		return v.(*commitState), nil
+	}
 	p.commits.Add(commit, cs)
-	p.mu.Unlock()
 	return cs, nil
 }
 

@@ -176,11 +176,19 @@ type release struct {
 }
 
 // endSync ends the hold: each held commit is counted, summarized when it touched more
-// clusters than the threshold, and its statuses are returned to be posted.
+// clusters than the threshold, and its statuses are returned to be posted. A sync that
+// held more statuses than the threshold in all is a wave whatever its commits, as a
+// hub's first read is (each cluster's status goes on the commit that last changed it):
+// its statuses go in the Bulk lane, behind any change's that someone waits for.
 func (b *statusBook) endSync() []release {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.syncing = false
+	total := 0
+	for _, held := range b.held {
+		total += len(held)
+	}
+	wave := total > b.laneThreshold()
 	var out []release
 	for commit, held := range b.held {
 		m := &commitMode{clusters: map[string]bool{}}
@@ -192,7 +200,11 @@ func (b *statusBook) endSync() []release {
 			m.summarized, m.clusters = true, nil
 		}
 		for _, st := range held {
-			out = append(out, release{commit: commit, st: st, sub: b.submission(m, clusterName(st.Context))})
+			sub := b.submission(m, clusterName(st.Context))
+			if wave {
+				sub.Lane = commitstatus.Bulk
+			}
+			out = append(out, release{commit: commit, st: st, sub: sub})
 		}
 	}
 	clear(b.held)

@@ -121,3 +121,53 @@ func drained(t *testing.T, s *Source, srv *githubtest.Server, head, says string)
 		return s.publisher.Pending() == 0 && strings.Contains(fleet, says), fmt.Sprintf("%d to post; the summary says %q", s.publisher.Pending(), fleet)
 	})
 }
+
+// A hub's first read posts each cluster's status on the commit that last changed it:
+// as many commits as clusters, each read and posted once. That is a wave, whatever its
+// commits: a change someone waits for, made meanwhile, is posted ahead of it.
+func TestAChangeMadeDuringAHubsFirstReadIsPostedAheadOfIt(t *testing.T) {
+	const clusters = 60
+	srv := githubtest.Start(t)
+	// About a request a second for what is not urgent.
+	srv.SetRateLimit(100, time.Minute)
+	backend, err := github.New(github.Options{BaseURL: srv.URL, Owner: srv.Owner, Repo: srv.Repo, Token: srv.Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Source{hub: &Hub{opts: Options{PublicURL: wavePublicURL}}, opts: SourceOptions{Name: "fleet"}, log: slog.New(slog.DiscardHandler),
+		publisher: commitstatus.NewPublisher(backend, commitstatus.PublisherOptions{}), book: newStatusBook(DefaultSummaryThreshold),
+		prefix: "flotilla", states: map[string]commitstatus.State{}, invalid: map[string]string{}, waitingRemovals: map[string]bool{}, poolFull: map[string]string{}}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { s.publisher.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	first := make([]string, clusters)
+	s.book.beginSync()
+	for i := range clusters {
+		first[i] = srv.NewCommit()
+		s.post(ctx, first[i], commitstatus.Status{Context: s.context(fmt.Sprintf("gpu-%05d", i)), State: commitstatus.Success, Description: "ready"})
+	}
+	s.endSync()
+	// Well under way.
+	poll.Until(t, "the first read under way", func() (bool, string) {
+		n := len(srv.Store.Requests())
+		return n >= 10, fmt.Sprintf("%d requests", n)
+	})
+
+	change := srv.NewCommit()
+	s.book.beginSync()
+	s.post(ctx, change, commitstatus.Status{Context: s.context("gpu-00000"), State: commitstatus.Pending, Description: "waiting for the agent"})
+	s.endSync()
+	poll.Until(t, "the change's status posted", func() (bool, string) {
+		return len(srv.Store.Latest(change)) == 1, fmt.Sprintf("%d to post", s.publisher.Pending())
+	})
+	posted := 0
+	for _, c := range first {
+		posted += len(srv.Store.Latest(c))
+	}
+	if posted > clusters/2 {
+		t.Errorf("the change's status waited until %d of the first read's %d were posted", posted, clusters)
+	}
+	t.Logf("the change's status posted after %d of the first read's %d", posted, clusters)
+}
