@@ -1,6 +1,7 @@
 package secrets
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha1"
 	"errors"
@@ -75,7 +76,14 @@ type DecryptorOptions struct {
 	KMS bool
 	// CacheSize bounds how many file hashes are remembered; zero means 65536.
 	CacheSize int
+	// KMSTimeout bounds each call to a KMS or Vault; zero means DefaultKMSTimeout.
+	KMSTimeout time.Duration
 }
+
+// DefaultKMSTimeout bounds a call to a KMS when DecryptorOptions set none. SOPS hands its
+// key services no deadline of the caller's, and a cloud's SDK may wait long: a KMS that
+// does not answer must not hold a sync for longer.
+const DefaultKMSTimeout = 30 * time.Second
 
 // Decryptor turns enrollment files into token hashes inside the hub. It is safe for
 // concurrent use, and it decrypts a given file content at most once: results are cached
@@ -102,7 +110,7 @@ func NewDecryptor(opts DecryptorOptions) *Decryptor {
 		recipients = strings.Join(r, ", ")
 	}
 	return &Decryptor{
-		svc:            keyService{ids: opts.Identities, kms: opts.KMS, local: keyservice.NewLocalClient()},
+		svc:            keyService{ids: opts.Identities, kms: opts.KMS, local: keyservice.NewLocalClient(), timeout: cmp.Or(opts.KMSTimeout, DefaultKMSTimeout)},
 		cache:          lru.New(size),
 		recipientsText: recipients,
 	}
@@ -144,6 +152,11 @@ func (d *Decryptor) TokenHash(ctx context.Context, file string, data []byte) (Ha
 		return h, nil
 	})
 	if err != nil {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			// Cut short (the hub stopping, or the caller that shared this call): nothing
+			// is known of the file.
+			return Hash{}, &FileError{File: file, Err: ErrKeyUnavailable, Detail: "the decryption was cut short: " + err.Error()}
+		}
 		var fe *FileError
 		if errors.As(err, &fe) {
 			// The shared call may have been made for another path with the same content.
@@ -175,7 +188,7 @@ func (d *Decryptor) decrypt(ctx context.Context, data []byte) (h Hash, err error
 		return fail(ErrMalformed, "the sops block names no recipient")
 	}
 
-	call := &recordingKeyService{inner: &d.svc}
+	call := &recordingKeyService{ctx: ctx, inner: &d.svc}
 	dataKey, err := tree.Metadata.GetDataKeyWithKeyServices([]keyservice.KeyServiceClient{call}, nil)
 	if err != nil {
 		return d.dataKeyError(tree.Metadata, call.errs())
@@ -284,8 +297,10 @@ func (d *Decryptor) dataKeyError(meta sops.Metadata, errs []error) (Hash, error)
 }
 
 // recordingKeyService keeps what each master key answered, because SOPS folds them into
-// one error that cannot be taken apart.
+// one error that cannot be taken apart. It also hands the caller's context to the key
+// service, in place of the one SOPS makes.
 type recordingKeyService struct {
+	ctx   context.Context
 	inner keyservice.KeyServiceClient
 	mu    sync.Mutex
 	seen  []error

@@ -11,10 +11,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"filippo.io/age"
+	"github.com/getsops/sops/v3/keyservice"
 	"github.com/getsops/sops/v3/logging"
 	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
 
 	"github.com/flotilla-gitops/flotilla/test/logtest"
 	"github.com/flotilla-gitops/flotilla/test/sopstest"
@@ -155,10 +158,7 @@ func TestBadEnrollmentFilesFailWithTheirOwnErrorAndNoToken(t *testing.T) {
 	_, notAToken := r.encrypt(t, "gpu-b", Token{s: "hunter2"})
 	plaintext := tamper(t, good, `ENC\[AES256_GCM,data:[^\]]*\]`, func(string) string { return tok.Reveal() })
 	twoKeys := append(bytes.Clone(good), []byte("extra: ENC[AES256_GCM,data:AAAA,iv:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=,tag:AAAAAAAAAAAAAAAAAAAAAA==,type:str]\n")...)
-	kms := []byte("token: ENC[AES256_GCM,data:AAAA,iv:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=,tag:AAAAAAAAAAAAAAAAAAAAAA==,type:str]\n" +
-		"sops:\n    kms:\n        - arn: arn:aws:kms:us-east-1:111122223333:key/00000000-0000-0000-0000-000000000000\n" +
-		"          created_at: \"2026-12-01T00:00:00Z\"\n          enc: AQICAHg=\n" +
-		"    lastmodified: \"2026-12-01T00:00:00Z\"\n    mac: ENC[AES256_GCM,data:AAAA,iv:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=,tag:AAAAAAAAAAAAAAAAAAAAAA==,type:str]\n    version: 3.13.3\n")
+	kms := kmsEnrollment()
 
 	for _, tc := range []struct {
 		name string
@@ -202,6 +202,55 @@ func TestBadEnrollmentFilesFailWithTheirOwnErrorAndNoToken(t *testing.T) {
 	}
 	if out := logs.String(); strings.Contains(out, tok.Reveal()) || strings.Contains(out, "hunter2") {
 		t.Fatal("SOPS logged the plaintext")
+	}
+}
+
+// kmsEnrollment is an enrollment file encrypted to an AWS KMS key alone.
+func kmsEnrollment() []byte {
+	return []byte("token: ENC[AES256_GCM,data:AAAA,iv:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=,tag:AAAAAAAAAAAAAAAAAAAAAA==,type:str]\n" +
+		"sops:\n    kms:\n        - arn: arn:aws:kms:us-east-1:111122223333:key/00000000-0000-0000-0000-000000000000\n" +
+		"          created_at: \"2026-12-01T00:00:00Z\"\n          enc: AQICAHg=\n" +
+		"    lastmodified: \"2026-12-01T00:00:00Z\"\n    mac: ENC[AES256_GCM,data:AAAA,iv:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=,tag:AAAAAAAAAAAAAAAAAAAAAA==,type:str]\n    version: 3.13.3\n")
+}
+
+// silentKMS is a key service that never answers, as a cloud's KMS may not.
+type silentKMS struct{ keyservice.KeyServiceClient }
+
+func (silentKMS) Decrypt(ctx context.Context, _ *keyservice.DecryptRequest, _ ...grpc.CallOption) (*keyservice.DecryptResponse, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A KMS that does not answer fails the decryption within the hub's bound, as a key that
+// could not be had; so does a decryption the hub cut short. Neither says anything of
+// the file, which is not judged invalid.
+func TestASilentKMSAndACutShortDecryptionLeaveTheFileUnjudged(t *testing.T) {
+	const file = "clusters/gpu-a/enrollment.sops.yaml"
+	hub := sopstest.NewIdentity(t)
+	r := newRepo(t, sopstest.Rule{PathRegex: sopstest.EnrollmentPathRegex, EncryptedRegex: "^token$", Age: []*age.X25519Identity{hub}})
+	tok, _ := NewToken()
+	_, good := r.encrypt(t, "gpu-a", tok)
+
+	d := decryptor(t, hub)
+	d.svc.kms, d.svc.local, d.svc.timeout = true, silentKMS{}, 50*time.Millisecond
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.TokenHash(context.Background(), file, kmsEnrollment())
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrKeyUnavailable) || !strings.Contains(err.Error(), "did not answer within 50ms") {
+			t.Errorf("TokenHash through a silent KMS = %v, want %v saying it did not answer", err, ErrKeyUnavailable)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("TokenHash waits on a KMS that does not answer")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := decryptor(t, hub).TokenHash(ctx, file, good); !errors.Is(err, ErrKeyUnavailable) || errors.Is(err, ErrMalformed) {
+		t.Errorf("TokenHash cut short = %v, want %v", err, ErrKeyUnavailable)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"filippo.io/age"
 	"filippo.io/age/armor"
@@ -31,6 +32,8 @@ type keyService struct {
 	ids   *Identities
 	kms   bool
 	local keyservice.KeyServiceClient
+	// timeout bounds each call to local.
+	timeout time.Duration
 }
 
 var _ keyservice.KeyServiceClient = (*keyService)(nil)
@@ -63,7 +66,32 @@ func (s *keyService) Decrypt(ctx context.Context, req *keyservice.DecryptRequest
 		if !s.kms {
 			return nil, errKMSOff
 		}
-		return s.local.Decrypt(ctx, req, opts...)
+		return s.decryptBounded(ctx, req, opts...)
+	}
+}
+
+// decryptBounded is local's Decrypt, given up when ctx ends or after timeout: SOPS's local
+// service passes no context to the cloud's SDK, whose call may outlive this one.
+func (s *keyService) decryptBounded(ctx context.Context, req *keyservice.DecryptRequest, opts ...grpc.CallOption) (*keyservice.DecryptResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	type answer struct {
+		resp *keyservice.DecryptResponse
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, err := s.local.Decrypt(ctx, req, opts...)
+		done <- answer{resp, err}
+	}()
+	select {
+	case a := <-done:
+		return a.resp, a.err
+	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return nil, fmt.Errorf("the key service did not answer within %s", s.timeout)
+		}
+		return nil, ctx.Err()
 	}
 }
 
@@ -73,8 +101,8 @@ func (s *keyService) Encrypt(ctx context.Context, req *keyservice.EncryptRequest
 	return nil, errors.New("the hub's key service does not encrypt")
 }
 
-func (r *recordingKeyService) Decrypt(ctx context.Context, req *keyservice.DecryptRequest, opts ...grpc.CallOption) (*keyservice.DecryptResponse, error) {
-	resp, err := r.inner.Decrypt(ctx, req, opts...)
+func (r *recordingKeyService) Decrypt(_ context.Context, req *keyservice.DecryptRequest, opts ...grpc.CallOption) (*keyservice.DecryptResponse, error) {
+	resp, err := r.inner.Decrypt(r.ctx, req, opts...)
 	if err != nil {
 		r.mu.Lock()
 		r.seen = append(r.seen, err)
