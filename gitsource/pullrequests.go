@@ -52,7 +52,7 @@ type PullRequest struct {
 	// changes, except when it says the pull requests before it hold all the hub holds
 	// of pull requests at once (HeldPullRequests or HeldBytes set): that passes as they
 	// close. Any other Err (the forge refused the fetch, the connection broke, the
-	// head's objects do not parse) may pass: the next call tries again.
+	// head's objects do not parse, ErrNotRead) may pass: the next call tries again.
 	Err error
 
 	// tree and baseTree are the head's and the base's trees, in objects.
@@ -85,6 +85,12 @@ func (u unreadFS) Open(name string) (fs.File, error) {
 	return nil, &fs.PathError{Op: "open", Path: name, Err: err}
 }
 
+// ErrNotRead is the Err of a pull request that the time PullRequests was given ran out
+// before, or while, it was read. A pull request whose fetch took the time left is read
+// after the others on the next calls, until its head moves: one slow pull request
+// holds up no other.
+var ErrNotRead = errors.New("the hub's time for reading pull requests ran out before this one was read")
+
 // PullRequests reads the heads of the pull requests the remote has refs for, keeping
 // those open says are open (nil keeps all: a forge keeps refs of closed pull requests
 // forever, so a hub with a forge asks it which are open). Every head is compared with
@@ -97,7 +103,8 @@ func (u unreadFS) Open(name string) (fs.File, error) {
 // returned with Err set, and the others are read all the same. The history below
 // them is kept apart from the branch's shallow copy, so following pull requests does
 // not slow down following the branch; the heads of pull requests no longer listed are
-// released. An error is returned only when the branch itself cannot be read.
+// released. An error is returned only when the branch itself cannot be read, or ctx
+// ended before it was.
 func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) ([]*PullRequest, error) {
 	s.prMu.Lock()
 	defer s.prMu.Unlock()
@@ -126,8 +133,14 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 		}
 		return nil
 	})
+	slowLast := func(pr *PullRequest) int {
+		if h, ok := s.slow[localRef(pr)]; ok && h == pr.Head {
+			return 1
+		}
+		return 0
+	}
 	slices.SortFunc(prs, func(a, b *PullRequest) int {
-		return cmp.Or(cmp.Compare(a.Number, b.Number), strings.Compare(a.Ref, b.Ref))
+		return cmp.Or(cmp.Compare(slowLast(a), slowLast(b)), cmp.Compare(a.Number, b.Number), strings.Compare(a.Ref, b.Ref))
 	})
 	// Refs of pull requests no longer listed go, so that pruning releases their heads.
 	listed := map[plumbing.ReferenceName]bool{baseRef: true}
@@ -136,6 +149,7 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 	}
 	maps.DeleteFunc(s.prs.refs, func(name plumbing.ReferenceName, _ plumbing.Hash) bool { return !listed[name] })
 	maps.DeleteFunc(s.refused, func(name plumbing.ReferenceName, _ *BudgetError) bool { return !listed[name] })
+	maps.DeleteFunc(s.slow, func(name plumbing.ReferenceName, _ plumbing.Hash) bool { return !listed[name] })
 	if len(prs) == 0 {
 		return nil, s.prunePullRequests(base, nil)
 	}
@@ -162,6 +176,10 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 		admitted int
 	)
 	for _, pr := range prs {
+		if ctx.Err() != nil {
+			pr.Err = ErrNotRead
+			continue
+		}
 		if admitted >= s.opts.MaxPullRequests {
 			be := s.prBudget(pr).exceeded()
 			be.Commit, be.HeldPullRequests = pr.Head, s.opts.MaxPullRequests
@@ -169,13 +187,18 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 			continue
 		}
 		room := s.opts.PullRequestsTotal - total
+		listed := pr.Head
 		if err := s.fetchPullRequest(ctx, pr, room); err != nil {
 			if ctx.Err() != nil {
-				return nil, s.wrap("fetching pull requests", ctx.Err())
+				// It took the time that was left: the others go first next time.
+				s.slow[localRef(pr)] = listed
+				pr.Err = ErrNotRead
+				continue
 			}
 			pr.Err = err
 			continue
 		}
+		delete(s.slow, localRef(pr))
 		added, _, err := walk(s.prs, []plumbing.Hash{pr.Head}, PullRequestDepth, held)
 		if err != nil {
 			pr.Err = err
@@ -200,13 +223,19 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 	if err != nil {
 		return nil, fmt.Errorf("gitsource: branch %s at %s: %w", s.opts.Branch, base, err)
 	}
+	// Comparing is the hub's own work, bounded by the budgets, not the network's: what
+	// was fetched is compared even when the time for fetching ran out, unless the caller
+	// gave up.
+	compareCtx := context.WithoutCancel(ctx)
 	for _, pr := range prs {
-		if pr.Err == nil {
-			pr.Err = s.comparePR(ctx, pr, baseCommit)
+		if pr.Err != nil {
+			continue
 		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("gitsource: comparing pull requests: %w", ctx.Err())
+		if errors.Is(ctx.Err(), context.Canceled) {
+			pr.Err = ErrNotRead
+			continue
 		}
+		pr.Err = s.comparePR(compareCtx, pr, baseCommit)
 	}
 	return prs, nil
 }

@@ -1,12 +1,20 @@
 package gitsource_test
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
@@ -149,6 +157,66 @@ func TestPullRequestBehindALongBranchIsComparedWithItsForkPoint(t *testing.T) {
 	}
 	if !in.BaseFound || !in.Merged || in.Base.String() != merged {
 		t.Errorf("#5: fork point %s (found %t), merged %t: want its own head %s, merged", in.Base, in.BaseFound, in.Merged, merged)
+	}
+}
+
+// A pull request whose fetch takes all the time a call has holds up no other: the call
+// returns what it could not read as not read, and the next reads the others first.
+func TestASlowPullRequestHoldsUpNoOther(t *testing.T) {
+	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+	example := string(fleetgen.Template()[clusterFile(fleetgen.ExampleCluster)].Data)
+	heads := map[int]string{}
+	for n := 1; n <= 3; n++ {
+		branch := fmt.Sprintf("pr-%d", n)
+		name := fmt.Sprintf("gpu-%d", n)
+		repo.Commit(branch, "add "+name, map[string][]byte{clusterFile(name): []byte(strings.Replace(example, "name: "+fleetgen.ExampleCluster, "name: "+name, 1))})
+		heads[n] = repo.SetRef(fmt.Sprintf("refs/pull/%d/head", n), branch)
+	}
+	// A server that never answers the fetch of #1's head, until the hub gives up.
+	target, err := url.Parse(repo.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/git-upload-pack") {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				return
+			}
+			if bytes.Contains(body, []byte("want "+heads[1])) {
+				<-r.Context().Done()
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+
+	s := newSource(t, srv.URL+target.Path)
+	for pass := 1; pass <= 2; pass++ {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		prs, err := s.PullRequests(ctx, nil)
+		cancel()
+		if err != nil {
+			t.Fatalf("pass %d: %v", pass, err)
+		}
+		got := map[int]*gitsource.PullRequest{}
+		for _, pr := range prs {
+			got[pr.Number] = pr
+		}
+		if len(got) != 3 || !errors.Is(got[1].Err, gitsource.ErrNotRead) {
+			t.Fatalf("pass %d: %d pull requests, #1's error %v; want 3, #1 not read", pass, len(got), got[1].Err)
+		}
+		if pass == 1 {
+			continue
+		}
+		for n := 2; n <= 3; n++ {
+			if pr := got[n]; pr.Err != nil || !slices.Equal(affected(pr.Changes).Clusters, []string{fmt.Sprintf("gpu-%d", n)}) {
+				t.Errorf("pass 2: #%d: error %v, changes %+v; want it read after the slow #1 held up the first pass", n, pr.Err, affected(pr.Changes))
+			}
+		}
 	}
 }
 

@@ -72,11 +72,13 @@ type Source struct {
 	branch        *store
 	branchRefused *BudgetError
 
-	// prMu guards prs, the deeper copy pull requests are read from, and refused, the
-	// pull requests whose head was over the budget, by local ref.
+	// prMu guards prs, the deeper copy pull requests are read from, refused, the pull
+	// requests whose head was over the budget, and slow, those whose fetch outlasted the
+	// time a call of PullRequests had left, with that head; all by local ref.
 	prMu    sync.Mutex
 	prs     *store
 	refused map[plumbing.ReferenceName]*BudgetError
+	slow    map[plumbing.ReferenceName]plumbing.Hash
 }
 
 // Snapshot is the fleet repository at one commit.
@@ -133,7 +135,7 @@ func New(opts Options) (*Source, error) {
 		}
 		return nil, fmt.Errorf("gitsource: %s: %w", opts.URL, err)
 	}
-	return &Source{opts: opts, branch: newStore(), prs: newStore(), refused: map[plumbing.ReferenceName]*BudgetError{}}, nil
+	return &Source{opts: opts, branch: newStore(), prs: newStore(), refused: map[plumbing.ReferenceName]*BudgetError{}, slow: map[plumbing.ReferenceName]plumbing.Hash{}}, nil
 }
 
 // trackingRef holds the branch's head in the branch's copy.

@@ -125,10 +125,11 @@ func (s *Source) syncPlans(ctx context.Context) {
 }
 
 // held reports whether a pull request was not read because the hub holds as many pull
-// requests as it may at once: not the pull request's fault, and not final.
+// requests as it may at once, or its time for reading them ran out: not the pull
+// request's fault, and not final.
 func held(err error) bool {
 	var be *gitsource.BudgetError
-	return errors.As(err, &be) && (be.HeldPullRequests > 0 || be.HeldBytes > 0)
+	return errors.Is(err, gitsource.ErrNotRead) || errors.As(err, &be) && (be.HeldPullRequests > 0 || be.HeldBytes > 0)
 }
 
 // plan computes one pull request's plan within the plan deadline. A head that could not
