@@ -230,10 +230,11 @@ func (s *Source) fetch(ctx context.Context, keep plumbing.Hash) (*Snapshot, erro
 		s.branch.refs[tracking] = remote
 	}
 	if s.branch.grown() {
-		// A deepened copy keeps its history until Update has told the push's commits
-		// apart; the next fetch releases it.
+		// A copy that holds a push's line keeps it until Update has told the push's
+		// commits apart, whether this fetch deepened it or an earlier one did for a
+		// caller that has not moved on from keep since; the next fetch releases it.
 		depth := 1
-		if deepened {
+		if deepened || s.holdsPush(remote, keep) {
 			depth = PushDepth + 1
 		}
 		pruned, err := s.branch.pruned(func(n plumbing.ReferenceName) bool { return n == tracking }, []plumbing.Hash{remote, keep}, depth)
@@ -243,6 +244,16 @@ func (s *Source) fetch(ctx context.Context, keep plumbing.Hash) (*Snapshot, erro
 		s.branch = pruned
 	}
 	return s.snapshot(remote)
+}
+
+// holdsPush reports whether the copy holds more than head and last of the branch's way
+// from last to head, which Update walks to tell the push's commits apart.
+func (s *Source) holdsPush(head, last plumbing.Hash) bool {
+	if last.IsZero() || head == last {
+		return false
+	}
+	h, err := pushHistory(s.branch, head, last)
+	return err == nil && h.found && !(h.complete && len(h.commits) <= 1)
 }
 
 // Snapshot reads a commit that was fetched before: the head, or the commit kept

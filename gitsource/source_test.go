@@ -247,6 +247,41 @@ func TestUpdateTellsAPushsCommitsApart(t *testing.T) {
 // last commit alone, and the branch leads back into history the hub reconciled before:
 // its fork point is no commit of the push. Here the fork point changed a preset, as the
 // push does, and only the push's own commit may carry the fleet-wide change.
+// A caller that could not apply a push asks again with the same last commit; the push's
+// commits are told apart on the next head all the same, though the copy was pruned
+// between the two.
+func TestUpdateTellsAPushApartForACallerThatStayedBehind(t *testing.T) {
+	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+	s := newSource(t, repo.URL())
+	first, _, err := s.Update(t.Context(), plumbing.ZeroHash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, name := range []string{"gpu-a", "gpu-b", "gpu-c"} {
+		want = append([]string{repo.Commit("main", name, clusterNote(name, "1"))}, want...)
+	}
+	if _, ch, err := s.Update(t.Context(), first.Commit); err != nil || ch.All || len(ch.Commits) != 3 {
+		t.Fatalf("the push of three: %d commits told apart, all %t (%s), error %v", len(ch.Commits), ch.All, ch.Reason, err)
+	}
+	// Enough for the copy to be pruned at the next fetch.
+	want = append([]string{repo.Commit("main", "large", map[string][]byte{"clusters/gpu-d/payload.bin": randomFile(7, 6<<20)})}, want...)
+	_, ch, err := s.Update(t.Context(), first.Commit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.All {
+		t.Fatalf("read whole: %s", ch.Reason)
+	}
+	var got []string
+	for _, c := range ch.Commits {
+		got = append(got, c.Hash.String())
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("commits %q, want %q", got, want)
+	}
+}
+
 func TestUpdateLeavesAnOldForkPointOutOfAPush(t *testing.T) {
 	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
 	fork := repo.Commit("main", "fork", map[string][]byte{"presets/gpu/notes.txt": []byte("fork\n")})
