@@ -258,47 +258,71 @@ type resolved struct {
 
 // resolve finds name's entry. Links among the directories on the way are always
 // followed and the last element's link when follow is set; the caller holds s.mu.
+//
+// The walk goes one element at a time, as a checkout's kernel does: a ".." in a link's
+// target leaves the directory the walk is in, which may be where an earlier link led,
+// not the one the target's text names before it.
 func (t TreeFS) resolve(op, name string, follow bool) (resolved, error) {
 	if !fs.ValidPath(name) {
 		return resolved{}, &fs.PathError{Op: op, Path: name, Err: fs.ErrInvalid}
 	}
 	fail := func(err error) (resolved, error) { return resolved{}, &fs.PathError{Op: op, Path: name, Err: err} }
-	cur, hops := name, 0
-restart:
-	if cur == "." {
-		root := rootEntry // a copy: nothing a caller does reaches the next call
-		return resolved{path: ".", entry: &root}, nil
+	// The directories walked into from the root, each with its path and its entry:
+	// where a ".." goes back to.
+	type level struct {
+		path  string
+		dir   *treeDirIndex
+		entry *object.TreeEntry
 	}
-	dirPath, d, rest := ".", t.s.dirs["."], cur
-	for {
+	var levels [16]level
+	walked := append(levels[:0], level{path: ".", dir: t.s.dirs["."]}) // the root has no entry
+	rest := name
+	if name == "." {
+		rest = ""
+	}
+	hops, link, target := 0, "", ""
+	for rest != "" {
 		elem, more, notLast := strings.Cut(rest, "/")
-		if d.err != nil {
-			return fail(fmt.Errorf("directory %s %w", dirPath, d.err))
+		last := !notLast
+		rest = more
+		cur := walked[len(walked)-1]
+		switch elem {
+		case "", ".":
+			continue
+		case "..":
+			if len(walked) == 1 {
+				return fail(fmt.Errorf("symbolic link %s to %q leaves the repository", link, target))
+			}
+			walked = walked[:len(walked)-1]
+			continue
 		}
-		e := d.lookup(elem)
+		if cur.dir.err != nil {
+			return fail(fmt.Errorf("directory %s %w", cur.path, cur.dir.err))
+		}
+		e := cur.dir.lookup(elem)
 		if e == nil {
 			return fail(fs.ErrNotExist)
 		}
-		p := path.Join(dirPath, elem)
-		if e.Mode == filemode.Symlink && (notLast || follow) {
+		p := path.Join(cur.path, elem)
+		if e.Mode == filemode.Symlink && (!last || follow) {
 			if hops++; hops > MaxLinkHops {
 				return fail(errLinkLoop)
 			}
-			target, err := t.linkTarget(e)
+			to, err := t.linkTarget(e)
 			if err != nil {
 				return fail(fmt.Errorf("symbolic link %s: %w", p, err))
 			}
-			next := path.Join(dirPath, target)
-			if path.IsAbs(target) || next == ".." || strings.HasPrefix(next, "../") {
-				return fail(fmt.Errorf("symbolic link %s to %q leaves the repository", p, target))
+			if path.IsAbs(to) {
+				return fail(fmt.Errorf("symbolic link %s to %q leaves the repository", p, to))
 			}
-			if notLast {
-				next = path.Join(next, more)
+			link, target = p, to
+			if !last {
+				to += "/" + rest
 			}
-			cur = next
-			goto restart
+			rest = to
+			continue
 		}
-		if !notLast {
+		if last {
 			return resolved{path: p, entry: e}, nil
 		}
 		if e.Mode != filemode.Dir {
@@ -308,8 +332,15 @@ restart:
 		if err != nil {
 			return fail(err)
 		}
-		dirPath, d, rest = p, sub, more
+		walked = append(walked, level{path: p, dir: sub, entry: e})
 	}
+	// The name ends at a directory a "." or ".." or a link's target left the walk in.
+	end := walked[len(walked)-1]
+	if end.entry == nil {
+		root := rootEntry // a copy: nothing a caller does reaches the next call
+		end.entry = &root
+	}
+	return resolved{path: end.path, entry: end.entry}, nil
 }
 
 // dir finds the directory p, whose entry is e, decoding its tree the first time any

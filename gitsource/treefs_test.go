@@ -86,6 +86,13 @@ func TestTreeFSFollowsLinksWithinTheTreeAndABoundedNumberOfHops(t *testing.T) {
 			open: "a/up/etc/passwd", fail: `symbolic link b/up to "../.." leaves the repository`},
 		{name: "a file through a linked directory", files: gittree.Files{"alias": gittree.Link("real"), "real/f.yaml": gittree.Regular("f")},
 			open: "alias/f.yaml", want: "f"},
+		// As a checkout reads it: the .. after base leaves where base leads, not base.
+		{name: "a .. after a linked directory in a link", files: gittree.Files{
+			"clusters/a/base": gittree.Link("../../presets/a100/sub"), "clusters/a/k.yaml": gittree.Link("base/../x.yaml"),
+			"presets/a100/sub/y.yaml": gittree.Regular("y"), "presets/a100/x.yaml": gittree.Regular("preset"), "clusters/a/x.yaml": gittree.Regular("cluster")},
+			open: "clusters/a/k.yaml", want: "preset"},
+		{name: "a .. after a file in a link", files: gittree.Files{"f": gittree.Regular("f"), "x": gittree.Regular("x"), "l": gittree.Link("f/../x")},
+			open: "l", fail: "not a directory"},
 		{name: "a link to the root", files: gittree.Files{"root": gittree.Link("."), "f": gittree.Regular("f")},
 			open: "root/root/f", want: "f"},
 		{name: "an empty link", files: gittree.Files{"x": gittree.Link("")},
