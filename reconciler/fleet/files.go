@@ -218,7 +218,37 @@ func resolve(fsys fs.FS, p string, e errs, m *meter, via *[]string) (string, fs.
 			*via = append(*via, next)
 		}
 		// The target is joined lexically, so every directory on its way must be a real
-		// one: a symbolic link among them could lead anywhere.
+		// one: a symbolic link among them could lead anywhere. That holds of those a ".."
+		// of the target leaves too, which the joined path no longer names: on disk, the
+		// ".." after a link leaves where the link leads.
+		for walk, rest := path.Dir(cur), target; rest != ""; {
+			var elem string
+			elem, rest, _ = strings.Cut(rest, "/")
+			switch elem {
+			case "", ".":
+				continue
+			case "..":
+				if walk == "." {
+					break
+				}
+				info, err := rl.Lstat(walk)
+				if err != nil {
+					e.whole("cannot read: %v", unwrapPathError(err))
+					return "", nil, false
+				}
+				if info.Mode()&fs.ModeSymlink != 0 {
+					e.whole("symbolic link to %q passes through the symbolic link %s, which is not supported", target, walk)
+					return "", nil, false
+				}
+				if !info.IsDir() {
+					e.whole("symbolic link to %q passes through %s, which is not a directory", target, walk)
+					return "", nil, false
+				}
+				walk = path.Dir(walk)
+			default:
+				walk = path.Join(walk, elem)
+			}
+		}
 		for d := path.Dir(next); d != "."; d = path.Dir(d) {
 			info, err := rl.Lstat(d)
 			if err != nil {

@@ -81,6 +81,12 @@ func TestLoadRefusesHostileTreesInACommitNamingTheFile(t *testing.T) {
 		{name: "a link through a linked directory", changes: gittree.Files{
 			exampleDir + "/alias": gittree.Link("../../presets/gpu"), exampleDir + "/q.yaml": gittree.Link("alias/queues.yaml")},
 			file: exampleDir + "/q.yaml", msg: "passes through the symbolic link " + exampleDir + "/alias"},
+		// A checkout would read presets/gpu's parent's file, not the cluster's own.
+		{name: "a .. after a linked directory", changes: gittree.Files{
+			exampleDir + "/alias": gittree.Link("../../presets/gpu"), exampleDir + "/q.yaml": gittree.Link("alias/../cluster.yaml")},
+			file: exampleDir + "/q.yaml", msg: "passes through the symbolic link " + exampleDir + "/alias"},
+		{name: "a .. after a file", changes: gittree.Files{exampleDir + "/q.yaml": gittree.Link("cluster.yaml/../cluster.yaml")},
+			file: exampleDir + "/q.yaml", msg: "passes through " + exampleDir + "/cluster.yaml, which is not a directory"},
 		{name: "a directory linked to a directory above it", changes: gittree.Files{exampleDir + "/up": gittree.Link("..")},
 			file: exampleDir + "/up", msg: "symbolic links to directories are not supported"},
 		{name: "an entry named ..", changes: gittree.Files{exampleDir + "/../x.yaml": gittree.Regular("x: 1\n")},
