@@ -5,12 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -173,28 +168,8 @@ func TestASlowPullRequestHoldsUpNoOther(t *testing.T) {
 		heads[n] = repo.SetRef(fmt.Sprintf("refs/pull/%d/head", n), branch)
 	}
 	// A server that never answers the fetch of #1's head, until the hub gives up.
-	target, err := url.Parse(repo.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/git-upload-pack") {
-			body, err := io.ReadAll(r.Body)
-			if err != nil {
-				return
-			}
-			if bytes.Contains(body, []byte("want "+heads[1])) {
-				<-r.Context().Done()
-				return
-			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-		}
-		proxy.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-
-	s := newSource(t, srv.URL+target.Path)
+	stalling := repo.Stall(t, func(req []byte) bool { return bytes.Contains(req, []byte("want "+heads[1])) })
+	s := newSource(t, stalling.URL)
 	for pass := 1; pass <= 2; pass++ {
 		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 		prs, err := s.PullRequests(ctx, nil)

@@ -63,10 +63,14 @@ type Options struct {
 	// PublicURL is the hub's HTTP address as people reach it, for the target URLs of
 	// plan statuses and of the fleet's summary; empty posts them without one.
 	PublicURL string
-	// StaleAfter is how long after its first sync a hub waits for the agents a previous
-	// hub had connected before it records the missing ones as disconnected. Default 1
-	// minute; it should exceed the agents' redial backoff.
+	// StaleAfter is how long after its sources start a hub waits for the agents a
+	// previous hub had connected before it records the missing ones as disconnected.
+	// Default 1 minute; it should exceed the agents' redial backoff.
 	StaleAfter time.Duration
+	// FetchTimeout bounds one fetch of a source's branch, with the deepening of a push of
+	// several commits: a repository that stops answering mid-transfer fails that sync,
+	// and the next one tries again. Default 5 minutes.
+	FetchTimeout time.Duration
 	// AckWait is how long a desired state sent to a connected agent waits, unrecorded,
 	// for the agent's acknowledgement, so that one status write records both: a change
 	// to every cluster then costs one write per cluster that did not change in Git.
@@ -139,6 +143,9 @@ func New(opts Options) (*Hub, error) {
 	}
 	if opts.AckWait == 0 {
 		opts.AckWait = DefaultAckWait
+	}
+	if opts.FetchTimeout <= 0 {
+		opts.FetchTimeout = 5 * time.Minute
 	}
 	if opts.PlanTimeout <= 0 {
 		opts.PlanTimeout = time.Minute

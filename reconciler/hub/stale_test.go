@@ -90,3 +90,27 @@ func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheHeadIsRefused(t 
 			fmt.Sprintf("Connected %+v", c)
 	})
 }
+
+// A repository that stops answering in the middle of a fetch fails that sync after
+// FetchTimeout, and the next one applies the head: it does not hold the source's
+// branch for good.
+func TestABranchFetchThatHangsFailsItsSyncAndTheNextApplies(t *testing.T) {
+	var hang atomic.Bool
+	hang.Store(true)
+	w := startWave(t, waveOptions{clusters: 1, threshold: DefaultSummaryThreshold, fetchTimeout: 2 * time.Second,
+		stall: func([]byte) bool { return hang.Load() }})
+	poll.Until(t, "the first fetch stalled", func() (bool, string) {
+		return w.stalling.Stalls() > 0, "not yet"
+	})
+	hang.Store(false)
+	key := client.ObjectKey{Namespace: w.ns, Name: fleetgen.ClusterName(0)}
+	poll.Until(t, "the head applied", func() (bool, string) {
+		// As a webhook would, until a sync runs that the stalled one no longer holds.
+		w.src.Trigger()
+		var wc v1alpha1.WorkerCluster
+		if err := planes[0].Client.Get(t.Context(), key, &wc); err != nil {
+			return false, err.Error()
+		}
+		return wc.Status.DesiredHash != "", "no desired state recorded"
+	})
+}

@@ -52,6 +52,9 @@ type waveHub struct {
 	forge  *githubtest.Server
 	files  map[string][]byte // the fleet at main's head
 	ids    *secrets.Identities
+	// stalling is the repository's server the hub fetches from, when it stalls some
+	// fetches (waveOptions.stall).
+	stalling *gitserver.Stalling
 	// stop stops the hub; the test's cleanup does too.
 	stop func()
 }
@@ -68,6 +71,10 @@ type waveOptions struct {
 	// restarts, when set, is a stopped hub whose namespace, repository and forge the
 	// new one takes over: the same hub, restarted.
 	restarts *waveHub
+	// fetchTimeout is the hub's FetchTimeout; zero keeps its default.
+	fetchTimeout time.Duration
+	// stall, when set, has the repository's server stall the fetches it says to stall.
+	stall func(request []byte) bool
 }
 
 func startWaveHub(t *testing.T, clusters, threshold int) *waveHub {
@@ -99,7 +106,7 @@ func startWave(t *testing.T, o waveOptions) *waveHub {
 		t.Fatal(err)
 	}
 	h, err := New(Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: w.ids}), Tunnel: tun, Status: status,
-		Plans: plan.NewStore(0), PublicURL: wavePublicURL, Log: slog.New(slog.DiscardHandler), StaleAfter: o.staleAfter})
+		Plans: plan.NewStore(0), PublicURL: wavePublicURL, Log: slog.New(slog.DiscardHandler), StaleAfter: o.staleAfter, FetchTimeout: o.fetchTimeout})
 	if err != nil {
 		tun.Close()
 		t.Fatal(err)
@@ -109,7 +116,12 @@ func startWave(t *testing.T, o waveOptions) *waveHub {
 		tun.Close()
 		t.Fatal(err)
 	}
-	src, err := h.AddSource(SourceOptions{Name: "fleet", Git: gitsource.Options{URL: w.repo.URL(), Branch: "main"}, Tenant: "example", Namespace: w.ns,
+	gitURL := w.repo.URL()
+	if o.stall != nil {
+		w.stalling = w.repo.Stall(t, o.stall)
+		gitURL = w.stalling.URL
+	}
+	src, err := h.AddSource(SourceOptions{Name: "fleet", Git: gitsource.Options{URL: gitURL, Branch: "main"}, Tenant: "example", Namespace: w.ns,
 		Statuses: backend, Poll: time.Hour, SummaryThreshold: o.threshold})
 	if err != nil {
 		tun.Close()

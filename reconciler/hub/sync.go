@@ -29,7 +29,9 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	retrying := slices.Sorted(maps.Keys(s.retry))
 	s.mu.Unlock()
 	began := time.Now()
-	snap, ch, err := s.git.Update(ctx, last)
+	fetchCtx, cancel := context.WithTimeout(ctx, s.hub.opts.FetchTimeout)
+	snap, ch, err := s.git.Update(fetchCtx, last)
+	cancel()
 	if s.hub.opts.OnFetch != nil {
 		s.hub.opts.OnFetch(s.opts.Name, time.Since(began), err)
 	}
