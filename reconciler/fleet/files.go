@@ -220,17 +220,20 @@ func resolve(fsys fs.FS, p string, e errs, m *meter, via *[]string) (string, fs.
 		// The target is joined lexically, so every directory on its way must be a real
 		// one: a symbolic link among them could lead anywhere. That holds of those a ".."
 		// of the target leaves too, which the joined path no longer names: on disk, the
-		// ".." after a link leaves where the link leads.
-		for walk, rest := path.Dir(cur), target; rest != ""; {
+		// ".." after a link leaves where the link leads. (The directories above the link
+		// are real: the walk came down through them.)
+		for walk, rest, down := path.Dir(cur), target, 0; rest != ""; {
 			var elem string
 			elem, rest, _ = strings.Cut(rest, "/")
 			switch elem {
 			case "", ".":
 				continue
 			case "..":
-				if walk == "." {
-					break
+				if down == 0 {
+					walk = path.Dir(walk)
+					continue
 				}
+				down--
 				info, err := rl.Lstat(walk)
 				if err != nil {
 					e.whole("cannot read: %v", unwrapPathError(err))
@@ -246,7 +249,7 @@ func resolve(fsys fs.FS, p string, e errs, m *meter, via *[]string) (string, fs.
 				}
 				walk = path.Dir(walk)
 			default:
-				walk = path.Join(walk, elem)
+				walk, down = path.Join(walk, elem), down+1
 			}
 		}
 		for d := path.Dir(next); d != "."; d = path.Dir(d) {
