@@ -31,8 +31,8 @@ type settings struct {
 
 // configure returns a copy of the caller's configuration (nil is Kueue's defaults) with the
 // harness's parts filled in: namespace, the servers on the given free loopback ports (health,
-// metrics, webhook, visibility), the webhook certificate directory, no leader election (unless
-// kept, then with its lease in the namespace) and no internal certificate management.
+// webhook, visibility), no metrics server, the webhook certificate directory, no leader election
+// (unless kept, then with its lease in the namespace) and no internal certificate management.
 func configure(in *configapi.Configuration, ports []int, certDir string, set settings) *configapi.Configuration {
 	cfg := &configapi.Configuration{}
 	if in != nil {
@@ -45,8 +45,12 @@ func configure(in *configapi.Configuration, ports []int, certDir string, set set
 	}
 	addr := func(port int) string { return net.JoinHostPort(loopback, strconv.Itoa(port)) }
 	cfg.Health.HealthProbeBindAddress = addr(ports[0])
-	cfg.Metrics.BindAddress = addr(ports[1])
-	cfg.Webhook = configapi.ControllerWebhook{Host: loopback, Port: ptr.To(ports[2]), CertDir: certDir}
+	// No metrics server ("0"): it binds its port after the manager reports ready, so a port
+	// taken meanwhile by another process of this machine stopped a manager a test was
+	// using, where a port taken during the start is chosen again (Start). No test reads
+	// Kueue's metrics.
+	cfg.Metrics.BindAddress = "0"
+	cfg.Webhook = configapi.ControllerWebhook{Host: loopback, Port: ptr.To(ports[1]), CertDir: certDir}
 	switch {
 	case !set.leaderElection || cfg.LeaderElection == nil || !ptr.Deref(cfg.LeaderElection.LeaderElect, false):
 		// One manager per plane needs no lease: it leads at once.
@@ -73,7 +77,7 @@ func configure(in *configapi.Configuration, ports []int, certDir string, set set
 		visibility = cfg.FeatureGates[visibilityGate]
 	}
 	if visibility {
-		cfg.VisibilityServer = &configapi.VisibilityServerConfiguration{BindAddress: ptr.To(loopback), BindPort: ptr.To(int32(ports[3]))}
+		cfg.VisibilityServer = &configapi.VisibilityServerConfiguration{BindAddress: ptr.To(loopback), BindPort: ptr.To(int32(ports[2]))}
 	}
 	return cfg
 }

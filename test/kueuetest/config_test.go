@@ -87,7 +87,7 @@ func TestConfigureKeepsLeaderElectionOnlyWhenAskedWithItsLeaseInTheNamespace(t *
 		{name: "not turned on when the configuration has none", in: chart, keep: true, wantElect: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := configure(tc.in, []int{1, 2, 3, 4}, "/certs", settings{leaderElection: tc.keep})
+			cfg := configure(tc.in, []int{1, 2, 3}, "/certs", settings{leaderElection: tc.keep})
 			le := cfg.LeaderElection
 			if got := ptr.Deref(le.LeaderElect, false); got != tc.wantElect {
 				t.Errorf("leaderElect = %t, want %t", got, tc.wantElect)

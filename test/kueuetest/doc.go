@@ -20,7 +20,7 @@
 // Kueue's defaults. Start keeps what the caller set (integrations, MultiKueue, feature gates)
 // and owns what a process on a shared machine must get right:
 //   - namespace kueue-system unless the caller names another; Start creates it;
-//   - health, metrics and webhook servers on free ports of 127.0.0.1;
+//   - health and webhook servers on free ports of 127.0.0.1, and no metrics server;
 //   - leader election off, internal certificate management off;
 //   - the VisibilityOnDemand gate off unless the caller sets it (its server would take port
 //     8082 on every interface); when on, it gets a free loopback port too.
@@ -61,7 +61,7 @@
 // and apart from the metrics server). Start therefore writes a self-signed certificate for
 // 127.0.0.1 there when no valid pair is present, atomically, so that test processes running at
 // once agree on one pair; this needs write access to /etc, which CI has (it runs as root). The
-// file is left in place: it serves only loopback metrics and later runs reuse it.
+// file is left in place: with the metrics server off nothing serves it, and later runs reuse it.
 //
 // # Lifetime
 //

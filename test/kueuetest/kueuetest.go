@@ -116,8 +116,8 @@ type Manager struct {
 	// imply; their webhooks, with those of Kueue's own kinds, are installed on the plane.
 	Frameworks []string
 
-	// HealthAddr, MetricsAddr and WebhookAddr are the manager's loopback host:port addresses.
-	HealthAddr, MetricsAddr, WebhookAddr string
+	// HealthAddr and WebhookAddr are the manager's loopback host:port addresses.
+	HealthAddr, WebhookAddr string
 
 	// CABundle is the PEM CA certificate that the webhook server's certificate is signed by:
 	// the caBundle of every webhook configuration that points at WebhookAddr.
@@ -199,7 +199,7 @@ func prepare(ctx context.Context, plane *controlplane.ControlPlane, opts Options
 	if err != nil {
 		return nil, err
 	}
-	ports, err := FreePorts(4)
+	ports, err := FreePorts(3)
 	if err != nil {
 		return nil, err
 	}
@@ -216,7 +216,7 @@ func prepare(ctx context.Context, plane *controlplane.ControlPlane, opts Options
 		return fail(err)
 	}
 	m.Config = configure(opts.Config, ports, certDir, settings{leaderElection: opts.LeaderElection, flagGates: gates})
-	m.HealthAddr, m.MetricsAddr = m.Config.Health.HealthProbeBindAddress, m.Config.Metrics.BindAddress
+	m.HealthAddr = m.Config.Health.HealthProbeBindAddress
 	m.WebhookAddr = net.JoinHostPort(m.Config.Webhook.Host, strconv.Itoa(*m.Config.Webhook.Port))
 	m.Frameworks = frameworks(m.Config)
 
