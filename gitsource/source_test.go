@@ -270,6 +270,12 @@ func TestUpdateTellsAPushApartForACallerThatStayedBehind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	wantToldApart(t, ch, want)
+}
+
+// wantToldApart fails t unless ch tells the commits want apart, newest first.
+func wantToldApart(t *testing.T, ch gitsource.Changes, want []string) {
+	t.Helper()
 	if ch.All {
 		t.Fatalf("read whole: %s", ch.Reason)
 	}
@@ -284,7 +290,8 @@ func TestUpdateTellsAPushApartForACallerThatStayedBehind(t *testing.T) {
 
 func TestUpdateLeavesAnOldForkPointOutOfAPush(t *testing.T) {
 	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
-	fork := repo.Commit("main", "fork", map[string][]byte{"presets/gpu/notes.txt": []byte("fork\n")})
+	// The fork point of the branch merged below.
+	repo.Commit("main", "fork", map[string][]byte{"presets/gpu/notes.txt": []byte("fork\n")})
 	repo.Branch("main", "long")
 	for i := range 3 {
 		repo.Commit("main", "l", clusterNote("gpu-l", fmt.Sprint(i)))
@@ -303,16 +310,8 @@ func TestUpdateLeavesAnOldForkPointOutOfAPush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ch.All {
-		t.Fatalf("read whole: %s", ch.Reason)
-	}
-	var got []string
-	for _, c := range ch.Commits {
-		got = append(got, c.Hash.String())
-	}
-	if want := []string{merge, a, preset}; !slices.Equal(got, want) {
-		t.Fatalf("commits %q, want %q (the fork point is %s)", got, want, fork)
-	}
+	// Neither the fork point nor what lies between it and the last head.
+	wantToldApart(t, ch, []string{merge, a, preset})
 }
 
 func TestWrongCredentialsAreAClearErrorWithoutTheSecret(t *testing.T) {

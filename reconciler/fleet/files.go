@@ -234,17 +234,7 @@ func resolve(fsys fs.FS, p string, e errs, m *meter, via *[]string) (string, fs.
 					continue
 				}
 				down--
-				info, err := rl.Lstat(walk)
-				if err != nil {
-					e.whole("cannot read: %v", unwrapPathError(err))
-					return "", nil, false
-				}
-				if info.Mode()&fs.ModeSymlink != 0 {
-					e.whole("symbolic link to %q passes through the symbolic link %s, which is not supported", target, walk)
-					return "", nil, false
-				}
-				if !info.IsDir() {
-					e.whole("symbolic link to %q passes through %s, which is not a directory", target, walk)
+				if !realDirectory(rl, walk, target, e) {
 					return "", nil, false
 				}
 				walk = path.Dir(walk)
@@ -253,18 +243,29 @@ func resolve(fsys fs.FS, p string, e errs, m *meter, via *[]string) (string, fs.
 			}
 		}
 		for d := path.Dir(next); d != "."; d = path.Dir(d) {
-			info, err := rl.Lstat(d)
-			if err != nil {
-				e.whole("cannot read: %v", unwrapPathError(err))
-				return "", nil, false
-			}
-			if info.Mode()&fs.ModeSymlink != 0 {
-				e.whole("symbolic link to %q passes through the symbolic link %s, which is not supported", target, d)
+			if !realDirectory(rl, d, target, e) {
 				return "", nil, false
 			}
 		}
 		cur = next
 	}
+}
+
+// realDirectory reports whether d, on the way of a symbolic link to target, is a directory
+// and no link; e says why not.
+func realDirectory(rl fs.ReadLinkFS, d, target string, e errs) bool {
+	info, err := rl.Lstat(d)
+	switch {
+	case err != nil:
+		e.whole("cannot read: %v", unwrapPathError(err))
+	case info.Mode()&fs.ModeSymlink != 0:
+		e.whole("symbolic link to %q passes through the symbolic link %s, which is not supported", target, d)
+	case !info.IsDir():
+		e.whole("symbolic link to %q passes through %s, which is not a directory", target, d)
+	default:
+		return true
+	}
+	return false
 }
 
 // readFile reads one file of at most MaxFileSize bytes.

@@ -25,16 +25,7 @@ import (
 // not come back, and shows them disconnected. The hub cluster refusing that write once
 // must not leave the cluster connected, to an agent long gone, for good.
 func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheWriteWasRefused(t *testing.T) {
-	ctx := t.Context()
-	first := startWaveHub(t, 1, DefaultSummaryThreshold)
-	key := client.ObjectKey{Namespace: first.ns, Name: fleetgen.ClusterName(0)}
-	first.desiredRecorded(key)
-	// What the first hub's tunnel records of an agent that connected.
-	if _, err := first.status.Record(ctx, key, conditions.Connected{At: time.Now().Add(-time.Minute), AgentVersion: "test",
-		KubernetesVersion: "v1.37.0", Protocol: protocol.ProtocolVersion}); err != nil {
-		t.Fatal(err)
-	}
-	first.stop()
+	first, key := stoppedWithAnAgentConnected(t)
 
 	plain, err := client.NewWithWatch(planes[0].Config, client.Options{Scheme: planes[0].Client.Scheme()})
 	if err != nil {
@@ -54,8 +45,30 @@ func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheWriteWasRefused(
 	poll.Until(t, "the restarted hub's record of the agent not back refused", func() (bool, string) {
 		return refused.Load(), "not yet"
 	})
+	shownNotBack(t, first, key)
+}
+
+// stoppedWithAnAgentConnected is a stopped hub of one cluster, whose WorkerCluster says
+// its agent was connected, as the hub's tunnel records it.
+func stoppedWithAnAgentConnected(t *testing.T) (*waveHub, client.ObjectKey) {
+	t.Helper()
+	first := startWaveHub(t, 1, DefaultSummaryThreshold)
+	key := client.ObjectKey{Namespace: first.ns, Name: fleetgen.ClusterName(0)}
+	first.desiredRecorded(key)
+	if _, err := first.status.Record(t.Context(), key, conditions.Connected{At: time.Now().Add(-time.Minute), AgentVersion: "test",
+		KubernetesVersion: "v1.37.0", Protocol: protocol.ProtocolVersion}); err != nil {
+		t.Fatal(err)
+	}
+	first.stop()
+	return first, key
+}
+
+// shownNotBack waits until the cluster key of w is shown disconnected, its agent not back
+// since the hub restarted.
+func shownNotBack(t *testing.T, w *waveHub, key client.ObjectKey) {
+	t.Helper()
 	poll.Until(t, "the cluster shown disconnected", func() (bool, string) {
-		c := meta.FindStatusCondition(first.stored(key).Status.Conditions, v1alpha1.ConditionConnected)
+		c := meta.FindStatusCondition(w.stored(key).Status.Conditions, v1alpha1.ConditionConnected)
 		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "has not connected since the hub restarted"),
 			fmt.Sprintf("Connected %+v", c)
 	})
@@ -64,15 +77,7 @@ func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheWriteWasRefused(
 // The look for agents that did not come back waits for nothing in the repository: a
 // restarted hub whose first head it refuses shows them disconnected all the same.
 func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheHeadIsRefused(t *testing.T) {
-	ctx := t.Context()
-	first := startWaveHub(t, 1, DefaultSummaryThreshold)
-	key := client.ObjectKey{Namespace: first.ns, Name: fleetgen.ClusterName(0)}
-	first.desiredRecorded(key)
-	if _, err := first.status.Record(ctx, key, conditions.Connected{At: time.Now().Add(-time.Minute), AgentVersion: "test",
-		KubernetesVersion: "v1.37.0", Protocol: protocol.ProtocolVersion}); err != nil {
-		t.Fatal(err)
-	}
-	first.stop()
+	first, key := stoppedWithAnAgentConnected(t)
 	refused := first.commit("main", "another tenant's fleet", map[string][]byte{fleet.FleetFile: first.edit(fleet.FleetFile, "tenant: example", "tenant: someone-else")})
 
 	startWave(t, waveOptions{threshold: DefaultSummaryThreshold, staleAfter: time.Second, restarts: first})
@@ -84,11 +89,7 @@ func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheHeadIsRefused(t 
 		}
 		return false, "no summary yet"
 	})
-	poll.Until(t, "the cluster shown disconnected", func() (bool, string) {
-		c := meta.FindStatusCondition(first.stored(key).Status.Conditions, v1alpha1.ConditionConnected)
-		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "has not connected since the hub restarted"),
-			fmt.Sprintf("Connected %+v", c)
-	})
+	shownNotBack(t, first, key)
 }
 
 // A repository that stops answering in the middle of a fetch fails that sync after
