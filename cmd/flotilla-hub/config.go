@@ -120,6 +120,10 @@ type Config struct {
 				Max      int   `yaml:"max"`
 				MaxBytes int64 `yaml:"maxBytes"`
 			} `yaml:"openPullRequests"`
+			// Timeout bounds one fetch of a branch: a repository that stops answering
+			// mid-transfer fails that sync, and the next tries again (default 5m). A
+			// pull request's fetch is bounded by plans.timeout.
+			Timeout Duration `yaml:"timeout"`
 		} `yaml:"fetch"`
 	} `yaml:"heads"`
 	// Statuses are defaults for every source's commit statuses.
@@ -263,6 +267,9 @@ func (c *Config) check() error {
 	}
 	if c.Heads.MaxBytes < 0 || c.Heads.MaxFiles < 0 || c.Heads.MaxDepth < 0 {
 		return errors.New("heads: maxBytes, maxFiles and maxDepth must not be negative")
+	}
+	if c.Heads.Fetch.Timeout < 0 {
+		return errors.New("heads: fetch: timeout must not be negative")
 	}
 	for _, l := range []FetchLimits{c.Heads.Fetch.Branch, c.Heads.Fetch.PullRequest} {
 		if l.MaxBytes < 0 || l.MaxObjects < 0 {

@@ -127,7 +127,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 	h, err := hub.New(hub.Options{Client: c, Reader: cached, Dispatch: dispatcher, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Tunnel: tun, Status: status, Log: log,
 		OnSync: m.observeSync, OnFetch: m.observeFetch, OnReconcile: m.observeReconcile,
-		Plans: plans, PublicURL: cfg.PublicURL, PlanTimeout: time.Duration(cfg.Plans.Timeout), PlanWorkers: cfg.Plans.Workers, MaxPlannedClusters: cfg.Plans.MaxRenderedClusters,
+		Plans: plans, PublicURL: cfg.PublicURL, PlanTimeout: time.Duration(cfg.Plans.Timeout), FetchTimeout: time.Duration(cfg.Heads.Fetch.Timeout), PlanWorkers: cfg.Plans.Workers, MaxPlannedClusters: cfg.Plans.MaxRenderedClusters,
 		Budget: fleet.Budget{MaxBytes: cfg.Heads.MaxBytes, MaxFiles: cfg.Heads.MaxFiles, MaxDepth: cfg.Heads.MaxDepth}})
 	if err != nil {
 		return err

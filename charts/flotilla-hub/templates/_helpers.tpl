@@ -142,6 +142,7 @@ pod's environment or in the release's values.
 {{- with .maxBytes }}{{ $_ := set $open "maxBytes" (int64 .) }}{{ end -}}
 {{- end -}}
 {{- with $open }}{{ $_ := set $fetch "openPullRequests" . }}{{ end -}}
+{{- with $v.heads.fetch.timeout }}{{ $_ := set $fetch "timeout" . }}{{ end -}}
 {{- with $fetch }}{{ $_ := set $heads "fetch" . }}{{ end -}}
 {{- with $heads }}{{ $_ := set $cfg "heads" . }}{{ end -}}
 {{- with ($v.statuses | default dict).summaryThreshold }}{{ $_ := set $cfg "statuses" (dict "summaryThreshold" (int64 .)) }}{{ end -}}
