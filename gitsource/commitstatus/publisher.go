@@ -326,6 +326,12 @@ func (p *Publisher) request(ctx context.Context, lane Lane, write bool, maxWait 
 		if err := a.next(ctx); err != nil {
 			return err
 		}
+		if stale != nil && stale() {
+			// Superseded while it waited its turn, which may be long: the newer status
+			// goes instead. Its turn stays spent, as if it went.
+			a.finish()
+			return errSuperseded
+		}
 		err := op(context.WithValue(ctx, attemptKey{}, a))
 		limits := a.finish()
 		var re *RetryableError

@@ -124,6 +124,38 @@ func TestASummaryThatKeepsItsStateWaitsItsTurn(t *testing.T) {
 	}
 }
 
+// A status superseded while it waits its turn within the forge's limits is not posted:
+// the newer one goes instead, and the forge sees one post, not an outdated one first.
+func TestAStatusSupersededWhileItWaitsItsTurnIsNotPosted(t *testing.T) {
+	m := newMemory(0)
+	clock := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	opts := quick
+	opts.Clock, opts.Rate = clock, 1
+	p := commitstatus.NewPublisher(m, opts)
+	run(t, p)
+	post := func(desc string) {
+		t.Helper()
+		if err := p.Submit(commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: desc}, commitstatus.Submission{Lane: commitstatus.Bulk}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waiting := func(what string) {
+		t.Helper()
+		poll.Until(t, what, func() (bool, string) { return clock.HasWaiters(), "no request waits" })
+	}
+	// The commit's statuses are read at once; the post waits a second.
+	post("outdated")
+	waiting("the first post waiting its turn")
+	post("newest")
+	clock.Step(time.Second)
+	waiting("the newest post waiting its turn")
+	clock.Step(time.Second)
+	settle(t, p)
+	if n, got := m.count(commit, "flotilla/a"), m.latestOf(commit, "flotilla/a"); n != 1 || got.Description != "newest" {
+		t.Fatalf("%d posts, the newest %q; want one, the newest status", n, got.Description)
+	}
+}
+
 // A full queue drops its oldest Bulk status, never an Urgent one while Bulk ones wait.
 func TestAFullQueueDropsItsOldestBulkStatus(t *testing.T) {
 	m := newMemory(0)
