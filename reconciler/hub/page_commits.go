@@ -42,10 +42,13 @@ type PageCluster struct {
 
 // CommitPage is what a commit page shows.
 type CommitPage struct {
-	Source  string               `json:"source"`
-	Commit  string               `json:"commit"`
-	Updated time.Time            `json:"updated"`
-	Fleet   *commitstatus.Status `json:"fleet,omitempty"`
+	Source  string    `json:"source"`
+	Commit  string    `json:"commit"`
+	Updated time.Time `json:"updated"`
+	// Since is set when the page lists only the clusters refreshed since then: the hub
+	// had let the commit's page go, keeping the newest commits' only.
+	Since *time.Time           `json:"since,omitempty"`
+	Fleet *commitstatus.Status `json:"fleet,omitempty"`
 	// Counts are the clusters listed by state.
 	Counts   map[commitstatus.State]int `json:"counts"`
 	Clusters []PageCluster              `json:"clusters"`
@@ -77,6 +80,9 @@ func (h *Hub) serveCommit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page := CommitPage{Source: name, Commit: commit, Updated: rec.updated, Fleet: rec.fleet, Counts: map[commitstatus.State]int{}}
+	if !rec.since.IsZero() {
+		page.Since = &rec.since
+	}
 	for n, st := range rec.clusters {
 		page.Clusters = append(page.Clusters, PageCluster{Name: n, State: st.State, Description: st.Description, TargetURL: st.TargetURL})
 		page.Counts[st.State]++

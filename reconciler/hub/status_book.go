@@ -77,6 +77,10 @@ type commitPage struct {
 	clusters map[string]commitstatus.Status
 	fleet    *commitstatus.Status
 	updated  time.Time
+	// since is set when the page was made again, for a commit whose statuses the hub
+	// posted before it kept no page of it any more: it lists the clusters refreshed
+	// since, not every one.
+	since time.Time
 }
 
 func newStatusBook(threshold int) *statusBook {
@@ -104,6 +108,9 @@ func (b *statusBook) page(commit string, create bool) *commitPage {
 		return nil
 	}
 	p := &commitPage{clusters: map[string]commitstatus.Status{}}
+	if _, seen := b.modes.Get(commit); seen {
+		p.since = time.Now()
+	}
 	b.pages.Add(commit, p)
 	return p
 }
@@ -219,7 +226,7 @@ func (b *statusBook) snapshot(commit string) (commitPage, bool) {
 	if p == nil {
 		return commitPage{}, false
 	}
-	out := commitPage{clusters: make(map[string]commitstatus.Status, len(p.clusters)), updated: p.updated}
+	out := commitPage{clusters: make(map[string]commitstatus.Status, len(p.clusters)), updated: p.updated, since: p.since}
 	for k, v := range p.clusters {
 		out.clusters[k] = v
 	}
