@@ -208,7 +208,6 @@ func (s *Source) fetch(ctx context.Context, keep plumbing.Hash) (*Snapshot, erro
 		return nil, err
 	}
 	tracking := s.trackingRef()
-	deepened := false
 	if remote != s.branch.refs[tracking] {
 		if be := s.branchRefused; be != nil && be.Commit == remote {
 			// Over the budget it stays: fetching it again would bring as much again.
@@ -224,7 +223,7 @@ func (s *Source) fetch(ctx context.Context, keep plumbing.Hash) (*Snapshot, erro
 			}
 			return nil, s.wrap("fetching", err)
 		}
-		if deepened, err = s.reach(ctx, remote, keep); err != nil {
+		if err := s.reach(ctx, remote, keep); err != nil {
 			return nil, err
 		}
 		s.branch.refs[tracking] = remote
@@ -234,7 +233,7 @@ func (s *Source) fetch(ctx context.Context, keep plumbing.Hash) (*Snapshot, erro
 		// commits apart, whether this fetch deepened it or an earlier one did for a
 		// caller that has not moved on from keep since; the next fetch releases it.
 		depth := 1
-		if deepened || s.holdsPush(remote, keep) {
+		if s.holdsPush(remote, keep) {
 			depth = PushDepth + 1
 		}
 		pruned, err := s.branch.pruned(func(n plumbing.ReferenceName) bool { return n == tracking }, []plumbing.Hash{remote, keep}, depth)
@@ -335,36 +334,32 @@ func (s *Source) Update(ctx context.Context, last plumbing.Hash) (*Snapshot, Cha
 }
 
 // reach deepens the copy below head, in deepenSteps, until it holds the commits from
-// last to head, and reports whether it fetched anything. A deepening over the branch's
-// budget, or refused, leaves the push to be compared as a whole.
-func (s *Source) reach(ctx context.Context, head, last plumbing.Hash) (bool, error) {
+// last to head. A deepening over the branch's budget, or refused, leaves the push to be
+// compared as a whole.
+func (s *Source) reach(ctx context.Context, head, last plumbing.Hash) error {
 	if last.IsZero() || !s.branch.have(last) {
-		return false, nil
+		return nil
 	}
-	deepened := false
 	for _, depth := range deepenSteps {
 		h, err := pushHistory(s.branch, head, last)
 		if err != nil {
-			return deepened, err
+			return err
 		}
 		if h.complete || h.truncated || !h.edge {
-			return deepened, nil
+			return nil
 		}
 		ss, err := s.open(ctx)
 		if err != nil {
-			return deepened, err
+			return err
 		}
 		err = ss.deepen(ctx, s.branch, head, depth, budget{Limits: s.opts.BranchLimits, scope: "branch " + s.opts.Branch, per: "fetch of the branch", depth: depth})
 		ss.Close()
 		if err != nil {
-			if ctx.Err() != nil {
-				return deepened, ctx.Err()
-			}
-			return deepened, nil
+			// ctx's end is an error; any other failure leaves the push whole.
+			return ctx.Err()
 		}
-		deepened = true
 	}
-	return deepened, nil
+	return nil
 }
 
 func (s *Source) wrap(op string, err error) error {
