@@ -99,8 +99,9 @@ type Config struct {
 		MaxRenderedClusters int `yaml:"maxRenderedClusters"`
 	} `yaml:"plans"`
 	// Heads bounds what the hub reads of any one head, of a branch or a pull request;
-	// a head over it fails as a whole, like a broken fleet.yaml. Zero keeps a default
-	// that admits a fleet of 10,000 clusters with room to spare.
+	// a head over it fails as a whole, like a broken fleet.yaml, and a cluster directory
+	// over its own bounds fails that cluster alone. Zero keeps a default that admits a
+	// fleet of 10,000 clusters with room to spare.
 	Heads struct {
 		// MaxBytes of file content, every path counted (default 64 MiB).
 		MaxBytes int64 `yaml:"maxBytes"`
@@ -108,6 +109,11 @@ type Config struct {
 		MaxFiles int `yaml:"maxFiles"`
 		// MaxDepth is the most elements of a path (default 16).
 		MaxDepth int `yaml:"maxDepth"`
+		// MaxClusterBytes of file content in one cluster directory (default 4 MiB).
+		MaxClusterBytes int64 `yaml:"maxClusterBytes"`
+		// MaxClusterFiles is the most files and directories of one cluster directory
+		// (default 1,000).
+		MaxClusterFiles int `yaml:"maxClusterFiles"`
 		// Fetch bounds what one fetch may bring into the hub's memory, before anything
 		// of it is read: the branch's head (default 256 MiB, 500,000 objects) and each
 		// pull request's head with its history (default 64 MiB, 100,000 objects).
@@ -265,8 +271,8 @@ func (c *Config) check() error {
 	if c.Plans.Timeout < 0 || c.Plans.Workers < 0 || c.Plans.MaxRenderedClusters < 0 {
 		return errors.New("plans: timeout, workers and maxRenderedClusters must not be negative")
 	}
-	if c.Heads.MaxBytes < 0 || c.Heads.MaxFiles < 0 || c.Heads.MaxDepth < 0 {
-		return errors.New("heads: maxBytes, maxFiles and maxDepth must not be negative")
+	if c.Heads.MaxBytes < 0 || c.Heads.MaxFiles < 0 || c.Heads.MaxDepth < 0 || c.Heads.MaxClusterBytes < 0 || c.Heads.MaxClusterFiles < 0 {
+		return errors.New("heads: maxBytes, maxFiles, maxDepth, maxClusterBytes and maxClusterFiles must not be negative")
 	}
 	if c.Heads.Fetch.Timeout < 0 {
 		return errors.New("heads: fetch: timeout must not be negative")

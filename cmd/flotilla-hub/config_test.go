@@ -84,6 +84,7 @@ func TestLoadConfigRefuses(t *testing.T) {
 		{"a negative request rate", func(s string) string { return s + "kubeAPI:\n  qps: -1\n" }, "must not be negative"},
 		{"a negative plan deadline", func(s string) string { return s + "plans:\n  timeout: -1s\n" }, "plans: timeout"},
 		{"a negative fetch deadline", func(s string) string { return s + "heads:\n  fetch:\n    timeout: -1s\n" }, "heads: fetch: timeout"},
+		{"a negative cluster budget", func(s string) string { return s + "heads:\n  maxClusterBytes: -1\n" }, "maxClusterBytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -128,7 +128,8 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	h, err := hub.New(hub.Options{Client: c, Reader: cached, Dispatch: dispatcher, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: ids, KMS: cfg.KMS}), Tunnel: tun, Status: status, Log: log,
 		OnSync: m.observeSync, OnFetch: m.observeFetch, OnReconcile: m.observeReconcile,
 		Plans: plans, PublicURL: cfg.PublicURL, PlanTimeout: time.Duration(cfg.Plans.Timeout), FetchTimeout: time.Duration(cfg.Heads.Fetch.Timeout), PlanWorkers: cfg.Plans.Workers, MaxPlannedClusters: cfg.Plans.MaxRenderedClusters,
-		Budget: fleet.Budget{MaxBytes: cfg.Heads.MaxBytes, MaxFiles: cfg.Heads.MaxFiles, MaxDepth: cfg.Heads.MaxDepth}})
+		Budget: fleet.Budget{MaxBytes: cfg.Heads.MaxBytes, MaxFiles: cfg.Heads.MaxFiles, MaxDepth: cfg.Heads.MaxDepth,
+			MaxClusterBytes: cfg.Heads.MaxClusterBytes, MaxClusterFiles: cfg.Heads.MaxClusterFiles}})
 	if err != nil {
 		return err
 	}

@@ -113,6 +113,8 @@ func newValidateCommand() *cobra.Command {
 	cmd.Flags().Int64Var(&budget.MaxBytes, "max-bytes", fleet.DefaultMaxBytes, "the hub's heads.maxBytes: file content of the head, every path counted")
 	cmd.Flags().IntVar(&budget.MaxFiles, "max-files", fleet.DefaultMaxFiles, "the hub's heads.maxFiles: files, directories and links followed")
 	cmd.Flags().IntVar(&budget.MaxDepth, "max-depth", fleet.DefaultMaxDepth, "the hub's heads.maxDepth: elements of a path")
+	cmd.Flags().Int64Var(&budget.MaxClusterBytes, "max-cluster-bytes", fleet.DefaultMaxClusterBytes, "the hub's heads.maxClusterBytes: file content of one cluster directory")
+	cmd.Flags().IntVar(&budget.MaxClusterFiles, "max-cluster-files", fleet.DefaultMaxClusterFiles, "the hub's heads.maxClusterFiles: files, directories and links followed of one cluster directory")
 	cmd.Flags().StringVar(&ref, "ref", "", "check this commit (branch, tag, hash, HEAD~1, ...) of the repository DIR is in, as the hub reads it, instead of DIR's files")
 	return cmd
 }

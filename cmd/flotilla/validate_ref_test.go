@@ -55,21 +55,24 @@ func refRepo(t *testing.T, branches map[string]gittree.Files) string {
 
 func TestValidateRefChecksTheCommitAsTheHubReadsIt(t *testing.T) {
 	example := "clusters/" + fleetgen.ExampleCluster
-	// One blob of the most a file may hold, named from 20,000 paths.
+	// One blob of the most a file may hold, named from 20,000 paths: of as many
+	// clusters, past the head's budget; of one, past that cluster's.
 	big := []byte(strings.Repeat("#", fleet.MaxFileSize-1) + "\n")
-	overBudget := gittree.Files{}
+	overBudget, clusterOverBudget := gittree.Files{}, gittree.Files{}
 	for i := range 20_000 {
-		overBudget[fmt.Sprintf("%s/copies/c%05d.yaml", example, i)] = gittree.File{Data: big}
+		overBudget[fmt.Sprintf("clusters/copy-%05d/cluster.yaml", i)] = gittree.File{Data: big}
+		clusterOverBudget[fmt.Sprintf("%s/copies/c%05d.yaml", example, i)] = gittree.File{Data: big}
 	}
 	token, err := secrets.NewToken()
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := refRepo(t, map[string]gittree.Files{
-		"self-link":   {fleet.FleetFile: gittree.Link(fleet.FleetFile)},
-		"over-budget": overBudget,
-		"leak":        {example + "/notes.txt": gittree.Regular("token: " + token.Reveal() + "\n")},
-		"deep":        {example + "/" + strings.Repeat("d/", 30) + "x.yaml": gittree.Regular("x: 1\n")},
+		"self-link":           {fleet.FleetFile: gittree.Link(fleet.FleetFile)},
+		"over-budget":         overBudget,
+		"cluster-over-budget": clusterOverBudget,
+		"leak":                {example + "/notes.txt": gittree.Regular("token: " + token.Reveal() + "\n")},
+		"deep":                {example + "/" + strings.Repeat("d/", 30) + "x.yaml": gittree.Regular("x: 1\n")},
 		// A git shorthand beside a local directory of that name: kustomize would clone it.
 		"remote": {
 			example + "/kustomization.yaml":                         gittree.Regular("resources:\n  - github.com/org/repo//dir\n"),
@@ -93,11 +96,17 @@ func TestValidateRefChecksTheCommitAsTheHubReadsIt(t *testing.T) {
 	}{
 		{ref: "self-link", fail: true, lines: []string{"fleet.yaml:1:1: too many levels of symbolic links"}},
 		{ref: "over-budget", fail: true, lines: []string{
-			example + "/copies/c00063.yaml:1:1: the head's files add up to more than 67108864 bytes (64 MiB), the most the hub reads of one head (budget bytes)",
-			example + ":1:1: not read: the head broke the hub's budget at " + example + "/copies/c00063.yaml",
+			"clusters/copy-00063/cluster.yaml:1:1: the head's files add up to more than 67108864 bytes (64 MiB), the most the hub reads of one head (budget bytes)",
+			example + ":1:1: not read: the head broke the hub's budget at clusters/copy-00063/cluster.yaml",
+		}},
+		{ref: "cluster-over-budget", fail: true, lines: []string{
+			example + "/copies:1:1: the cluster directory holds more than 1000 files, directories and symbolic links followed, the most the hub reads of one cluster directory (budget clusterFiles)",
+		}},
+		{ref: "cluster-over-budget", flags: []string{"--max-cluster-files", "30000", "--max-cluster-bytes", "8388608"}, fail: true, lines: []string{
+			example + "/copies/c00007.yaml:1:1: the cluster directory's files add up to more than 8388608 bytes (8 MiB), the most the hub reads of one cluster directory (budget clusterBytes)",
 		}},
 		{ref: "deep", fail: true, lines: []string{
-			example + "/" + strings.TrimSuffix(strings.Repeat("d/", 15), "/") + ":1:1: the head nests paths more than 16 deep",
+			example + "/" + strings.TrimSuffix(strings.Repeat("d/", 15), "/") + ":1:1: the cluster directory nests paths more than 16 deep",
 		}},
 		{ref: "leak", fail: true, lines: []string{example + "/notes.txt:1:8: a plaintext enrollment token (fingerprint"}},
 		{ref: "remote", fail: true, lines: []string{example + "/kustomization.yaml:2:5: ", "would clone it"}},

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -145,28 +148,41 @@ func TestLoadRefusesManyPathsToOneBlobBeforeReadingThem(t *testing.T) {
 	big := append([]byte("# "), bytes.Repeat([]byte("x"), fleet.MaxFileSize-3)...)
 	big = append(big, '\n')
 	const paths = 20_000
-	cases := map[string]func(i int) string{
-		"in one cluster":         func(i int) string { return fmt.Sprintf("%s/copies/c%05d.yaml", exampleDir, i) },
-		"as many clusters":       func(i int) string { return fmt.Sprintf("clusters/copy-%05d/cluster.yaml", i) },
-		"in a preset":            func(i int) string { return fmt.Sprintf("presets/gpu/copies/c%05d.yaml", i) },
-		"in many preset folders": func(i int) string { return fmt.Sprintf("presets/p%05d/kustomization.yaml", i) },
+	cases := []struct {
+		name string
+		at   func(i int) string
+		// cluster is set when the paths are one cluster's: that cluster fails alone,
+		// its own budget broken, and the rest of the fleet loads.
+		cluster bool
+	}{
+		{name: "in one cluster", at: func(i int) string { return fmt.Sprintf("%s/copies/c%05d.yaml", exampleDir, i) }, cluster: true},
+		{name: "as many clusters", at: func(i int) string { return fmt.Sprintf("clusters/copy-%05d/cluster.yaml", i) }},
+		{name: "in a preset", at: func(i int) string { return fmt.Sprintf("presets/gpu/copies/c%05d.yaml", i) }},
+		{name: "in many preset folders", at: func(i int) string { return fmt.Sprintf("presets/p%05d/kustomization.yaml", i) }},
 	}
-	for name, at := range cases {
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
 			changes := gittree.Files{}
 			for i := range paths {
-				changes[at(i)] = gittree.File{Data: big}
+				changes[tc.at(i)] = gittree.File{Data: big}
 			}
 			fsys := &countingFS{fsys: commitFS(t, changes).(gitsource.TreeFS)}
 			var f *fleet.Fleet
 			allocated := allocatedBy(func() { f = fleet.Load(fsys) })
 			t.Logf("allocated %.1f MiB, took %d MiB path by path", float64(allocated)/(1<<20), fsys.bytes>>20)
-			if !f.OverBudget() || !strings.Contains(f.Errors.Error(), "(budget bytes)") {
+			limit := int64(fleet.DefaultMaxBytes)
+			if tc.cluster {
+				limit = fleet.DefaultMaxClusterBytes
+				if f.OverBudget() || !f.Valid() || !strings.Contains(clusterErrors(t, f, example).Error(), "(budget clusterFiles)") {
+					t.Fatalf("want the cluster's own budget broken and the fleet valid; errors:\n%s", describe(f.AllErrors()))
+				}
+				wantOthersValid(t, f, example)
+			} else if !f.OverBudget() || !strings.Contains(f.Errors.Error(), "(budget bytes)") {
 				t.Fatalf("want the bytes budget broken; errors:\n%s", describe(f.Errors))
 			}
 			// Every path counts, but nothing past the budget was taken.
-			if fsys.bytes > fleet.DefaultMaxBytes {
-				t.Fatalf("the loader took %d bytes, more than the budget's %d", fsys.bytes, fleet.DefaultMaxBytes)
+			if fsys.bytes > limit {
+				t.Fatalf("the loader took %d bytes, more than the budget's %d", fsys.bytes, limit)
 			}
 			// One copy of the blob, the listing and the bookkeeping; not 20 GB.
 			if limit := uint64(48 << 20); allocated > limit {
@@ -280,4 +296,85 @@ func TestLoadClusterKeepsTheHeadWithinItsBudget(t *testing.T) {
 			t.Fatalf("a cluster of a head over budget was read: %+v", c)
 		}
 	})
+}
+
+// A cluster directory over its own budget is one broken cluster, not a broken fleet: a
+// vendored chart or a build's output merged into one directory must not stop every
+// other cluster's changes. Loaded whole or on its own, the cluster holds only the error
+// that names its budget and where it broke, and it loads again once it fits.
+func TestAClusterDirectoryOverItsOwnBudgetFailsAlone(t *testing.T) {
+	base := baseFleet()
+	_, _, depth := cost(base)
+	// The budget of a cluster is what the largest of the fleet's holds, and a little.
+	entries, size := map[string]int{}, map[string]int64{}
+	for p, f := range base {
+		if parts := strings.Split(p, "/"); parts[0] == fleet.ClustersDir && len(parts) > 2 {
+			entries[parts[1]]++
+			size[parts[1]] += int64(len(f.Data))
+		}
+	}
+	most, largest := slices.Max(slices.Collect(maps.Values(entries))), slices.Max(slices.Collect(maps.Values(size)))
+	budget := fleet.Budget{MaxDepth: depth, MaxClusterBytes: largest + 100, MaxClusterFiles: most + 1}
+	tiny := map[string]string{}
+	for i := range most - entries[example] + 2 {
+		tiny[fmt.Sprintf("%s/f%d.txt", exampleDir, i)] = "x"
+	}
+	deep := exampleDir + strings.Repeat("/d", depth) + "/x.yaml"
+	cases := []struct {
+		name    string
+		changes map[string]string
+		file    string
+		msg     string
+	}{
+		{name: "one byte over its bytes", changes: map[string]string{exampleDir + "/notes.txt": strings.Repeat("x", int(largest-size[example])+101)},
+			file: exampleDir + "/notes.txt", msg: fmt.Sprintf("the cluster directory's files add up to more than %d bytes", largest+100)},
+		{name: "one entry over its files", changes: tiny,
+			file: exampleDir, msg: fmt.Sprintf("the cluster directory holds more than %d files, directories and symbolic links followed, the most the hub reads of one cluster directory (budget clusterFiles)", most+1)},
+		{name: "a path deeper than the head allows", changes: map[string]string{deep: "x: 1\n"},
+			file: strings.Join(strings.Split(deep, "/")[:depth+1], "/"), msg: fmt.Sprintf("the cluster directory nests paths more than %d deep", depth)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fsys := baseFleet()
+			f := fleet.LoadWith(fsys, fleet.LoadOptions{Budget: budget})
+			wantNoErrors(t, f)
+			apply(fsys, tc.changes)
+			for name, fsys := range map[string]fs.FS{"in memory": fsys, "checkout": diskFS(t, fsys)} {
+				whole := fleet.LoadWith(fsys, fleet.LoadOptions{Budget: budget})
+				c := whole.Clusters[example]
+				e := wantOnlyError(t, c.Errors, tc.file, 0, 0, tc.msg)
+				if e.Cluster != example || len(c.Files) != 0 || c.Valid() {
+					t.Fatalf("%s: the error is %s's, the cluster holds %d files, valid %t", name, e.Cluster, len(c.Files), c.Valid())
+				}
+				if whole.OverBudget() || !whole.Valid() {
+					t.Fatalf("%s: the fleet is over budget %t, valid %t:\n%s", name, whole.OverBudget(), whole.Valid(), describe(whole.Errors))
+				}
+				wantOthersValid(t, whole, example)
+			}
+
+			// Read on its own, as a change to the cluster alone is.
+			c := f.LoadCluster(fsys, example)
+			if want := fleet.LoadWith(fsys, fleet.LoadOptions{Budget: budget}).Clusters[example]; !reflect.DeepEqual(c, want) {
+				t.Fatalf("read on its own, the cluster is\n%s\nread with the head,\n%s", describe(c.Errors), describe(want.Errors))
+			}
+			if f.OverBudget() || !f.Valid() {
+				t.Fatalf("the fleet is over budget %t, valid %t:\n%s", f.OverBudget(), f.Valid(), describe(f.Errors))
+			}
+			wantOthersValid(t, f, example)
+
+			for p := range tc.changes {
+				tc.changes[p] = removed
+			}
+			apply(fsys, tc.changes)
+			for p := range fsys {
+				if strings.HasPrefix(p, exampleDir+"/d") {
+					delete(fsys, p)
+				}
+			}
+			if c := f.LoadCluster(fsys, example); !c.Valid() {
+				t.Fatalf("the cluster back within its budget:\n%s", describe(c.Errors))
+			}
+			wantNoErrors(t, f)
+		})
+	}
 }

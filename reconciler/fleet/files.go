@@ -22,6 +22,9 @@ const maxLinkHops = 8
 // request is untrusted input that the hub loads before anyone looked at it: one 1 MiB
 // blob named from 20,000 paths is a pull request of under 1 MB that would otherwise cost
 // 20 GB to load. A head that breaks its budget is a broken fleet (see Fleet.OverBudget).
+// Each cluster directory has a budget of its own within the head's: a directory over it
+// fails that cluster alone, as any other mistake in it does, and the rest of the fleet
+// goes on.
 //
 // A field left zero takes its default.
 type Budget struct {
@@ -33,7 +36,14 @@ type Budget struct {
 	// more entry does, and a loop of them would otherwise cost the hub time for free.
 	MaxFiles int
 	// MaxDepth is the most elements a path may have; clusters/NAME/cluster.yaml has 3.
+	// A cluster directory's path deeper than that fails the cluster alone.
 	MaxDepth int
+	// MaxClusterBytes is the most bytes of file content one cluster directory may
+	// hold, counted as MaxBytes counts them.
+	MaxClusterBytes int64
+	// MaxClusterFiles is the most entries one cluster directory may hold and symbolic
+	// links its files may follow, counted as MaxFiles counts them.
+	MaxClusterFiles int
 }
 
 // The defaults admit a fleet of 10,000 clusters with room to spare and keep what a
@@ -45,16 +55,23 @@ type Budget struct {
 // bookkeeping of DefaultMaxFiles entries, a few hundred bytes each: in
 // BenchmarkLoadHostileHead, 95,000 tiny files that all load peak under 100 MiB of heap,
 // and 20,000 paths to one 1 MiB blob are refused at 10 MiB. DefaultMaxDepth leaves
-// presets room for kustomize components nested a dozen deep; the layout needs 3.
+// presets room for kustomize components nested a dozen deep; the layout needs 3. A
+// cluster directory may hold a thousand times what a real one does, four files of
+// MaxFileSize and a thousand entries: a mistake the size of a vendored chart or a
+// build's output fails its cluster, not the fleet, while 16 such directories still
+// leave the head its budget.
 const (
-	DefaultMaxBytes = 64 << 20
-	DefaultMaxFiles = 100_000
-	DefaultMaxDepth = 16
+	DefaultMaxBytes        = 64 << 20
+	DefaultMaxFiles        = 100_000
+	DefaultMaxDepth        = 16
+	DefaultMaxClusterBytes = 4 * MaxFileSize
+	DefaultMaxClusterFiles = 1_000
 )
 
 // DefaultBudget is the budget Load applies.
 func DefaultBudget() Budget {
-	return Budget{MaxBytes: DefaultMaxBytes, MaxFiles: DefaultMaxFiles, MaxDepth: DefaultMaxDepth}
+	return Budget{MaxBytes: DefaultMaxBytes, MaxFiles: DefaultMaxFiles, MaxDepth: DefaultMaxDepth,
+		MaxClusterBytes: DefaultMaxClusterBytes, MaxClusterFiles: DefaultMaxClusterFiles}
 }
 
 // withDefaults fills the fields left zero or negative.
@@ -68,6 +85,12 @@ func (b Budget) withDefaults() Budget {
 	}
 	if b.MaxDepth <= 0 {
 		b.MaxDepth = d.MaxDepth
+	}
+	if b.MaxClusterBytes <= 0 {
+		b.MaxClusterBytes = d.MaxClusterBytes
+	}
+	if b.MaxClusterFiles <= 0 {
+		b.MaxClusterFiles = d.MaxClusterFiles
 	}
 	return b
 }
@@ -95,6 +118,22 @@ type meter struct {
 	budget Budget
 	used   usage
 	broken *Error
+	// head, when set, makes this the meter of one cluster directory: what it reads is
+	// charged to the head's meter too, and its own budget is the cluster's.
+	head *meter
+}
+
+// cluster returns the meter of one cluster directory read within m.
+func (m *meter) cluster() *meter {
+	return &meter{budget: Budget{MaxBytes: m.budget.MaxClusterBytes, MaxFiles: m.budget.MaxClusterFiles, MaxDepth: m.budget.MaxDepth}, head: m}
+}
+
+// what names the reader a budget is set for in its errors.
+func (m *meter) what() (string, string) {
+	if m.head != nil {
+		return "cluster directory", "cluster"
+	}
+	return "head", ""
 }
 
 // list charges the n entries listed in dir, before any of them is looked at.
@@ -103,8 +142,14 @@ func (m *meter) list(dir string, n int) bool {
 		return false
 	}
 	if m.used.files+n > m.budget.MaxFiles {
+		who, budget := m.what()
 		m.broken = &Error{File: dir, Message: fmt.Sprintf(
-			"the head holds more than %d files, directories and symbolic links followed, the most the hub reads of one head (budget files)", m.budget.MaxFiles)}
+			"the %s holds more than %d files, directories and symbolic links followed, the most the hub reads of one %s (budget %s)",
+			who, m.budget.MaxFiles, who, budgetName(budget, "files"))}
+		return false
+	}
+	if m.head != nil && !m.head.list(dir, n) {
+		m.broken = m.head.broken
 		return false
 	}
 	m.used.files += n
@@ -117,8 +162,9 @@ func (m *meter) depth(p string) bool {
 		return false
 	}
 	if strings.Count(p, "/")+1 > m.budget.MaxDepth {
+		who, _ := m.what()
 		m.broken = &Error{File: p, Message: fmt.Sprintf(
-			"the head nests paths more than %d deep, the most the hub reads (budget depth)", m.budget.MaxDepth)}
+			"the %s nests paths more than %d deep, the most the hub reads (budget depth)", who, m.budget.MaxDepth)}
 		return false
 	}
 	return true
@@ -130,13 +176,27 @@ func (m *meter) read(p string, size int64) bool {
 		return false
 	}
 	if m.used.bytes+size > m.budget.MaxBytes {
+		who, budget := m.what()
 		m.broken = &Error{File: p, Message: fmt.Sprintf(
-			"the head's files add up to more than %d bytes (%s), the most the hub reads of one head (budget bytes); every path counts, also paths to content already read",
-			m.budget.MaxBytes, mebibytes(m.budget.MaxBytes))}
+			"the %s's files add up to more than %d bytes (%s), the most the hub reads of one %s (budget %s); every path counts, also paths to content already read",
+			who, m.budget.MaxBytes, mebibytes(m.budget.MaxBytes), who, budgetName(budget, "bytes"))}
+		return false
+	}
+	if m.head != nil && !m.head.read(p, size) {
+		m.broken = m.head.broken
 		return false
 	}
 	m.used.bytes += size
 	return true
+}
+
+// budgetName is the name of a budget's field in the hub's configuration, maxBytes or
+// maxClusterBytes, without its "max".
+func budgetName(scope, field string) string {
+	if scope == "" {
+		return field
+	}
+	return scope + strings.ToUpper(field[:1]) + field[1:]
 }
 
 func mebibytes(n int64) string {

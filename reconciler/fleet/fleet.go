@@ -112,6 +112,9 @@ type Cluster struct {
 	nameLine, nameColumn int
 	// used is what reading the directory cost the head's budget.
 	used usage
+	// overBudget is set when the directory broke the cluster's own budget: then it
+	// holds no files, and Errors says which budget.
+	overBudget bool
 	// linked are the paths the directory's symbolic links lead to: a change there is a
 	// change to the cluster, wherever it lies.
 	linked []string
@@ -323,14 +326,17 @@ func isDir(fsys fs.FS, p string) bool {
 	return err == nil && info.IsDir()
 }
 
-// readCluster reads one cluster directory, charged to m, into Clusters. When the budget
-// breaks, it is left half read, for the caller to replace.
+// readCluster reads one cluster directory, charged to m, into Clusters. When the head's
+// budget breaks, it is left half read, for the caller to replace. A directory over the
+// cluster's own budget keeps only the error that says so: it fails alone, and what it
+// read until then stays charged to the head.
 func (f *Fleet) readCluster(fsys fs.FS, name string, m *meter) *Cluster {
 	c := &Cluster{Name: name, Dir: path.Join(ClustersDir, name), Files: map[string][]byte{}}
 	f.Clusters[name] = c
 	e := errs{file: c.Dir, cluster: name, list: &c.Errors}
 	before := m.used
-	readTree(fsys, c.Dir, e, c.Files, m, &c.linked)
+	cm := m.cluster()
+	readTree(fsys, c.Dir, e, c.Files, cm, &c.linked)
 	if len(c.linked) > 0 {
 		if f.linking == nil {
 			f.linking = map[string]bool{}
@@ -338,12 +344,21 @@ func (f *Fleet) readCluster(fsys fs.FS, name string, m *meter) *Cluster {
 		f.linking[name] = true
 	}
 	c.used = usage{files: m.used.files - before.files, bytes: m.used.bytes - before.bytes}
+	if cm.broken != nil && m.broken == nil {
+		broken := *cm.broken
+		broken.Cluster = name
+		c.Files, c.Errors, c.overBudget = map[string][]byte{}, ErrorList{broken}, true
+	}
 	return c
 }
 
 // checkCluster validates a cluster read whole.
 func (f *Fleet) checkCluster(c *Cluster) {
 	c.Digest = digest(c.Files)
+	if c.overBudget {
+		// Nothing of it was kept to validate; its error says why.
+		return
+	}
 	validateCluster(f, c)
 	if c.Object != nil && c.Object.Name != "" && c.Object.Name != c.Name {
 		if f.misnamed == nil {

@@ -95,8 +95,7 @@ func TestLoadRefusesHostileTreesInACommitNamingTheFile(t *testing.T) {
 			exampleDir + "/x.yaml": gittree.Regular("x: 1\n"), exampleDir + "/x.yaml/y": gittree.Regular("y: 1\n")},
 			file: exampleDir, msg: `holds two entries named "x.yaml"`},
 		{name: "directories nested deeper than the budget", changes: gittree.Files{deep: gittree.Regular("x: 1\n")},
-			file: depthError, msg: "the head nests paths more than 16 deep, the most the hub reads (budget depth)",
-			fleetWide: true, overBudget: true},
+			file: depthError, msg: "the cluster directory nests paths more than 16 deep, the most the hub reads (budget depth)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -127,6 +127,8 @@ pod's environment or in the release's values.
 {{- with $v.heads.maxBytes }}{{ $_ := set $heads "maxBytes" (int64 .) }}{{ end -}}
 {{- with $v.heads.maxFiles }}{{ $_ := set $heads "maxFiles" (int64 .) }}{{ end -}}
 {{- with $v.heads.maxDepth }}{{ $_ := set $heads "maxDepth" (int64 .) }}{{ end -}}
+{{- with $v.heads.maxClusterBytes }}{{ $_ := set $heads "maxClusterBytes" (int64 .) }}{{ end -}}
+{{- with $v.heads.maxClusterFiles }}{{ $_ := set $heads "maxClusterFiles" (int64 .) }}{{ end -}}
 {{- $fetch := dict -}}
 {{- range $which := list "branch" "pullRequest" -}}
 {{- $l := dict -}}
