@@ -33,8 +33,16 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 	if _, err := s.hub.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), conditions.Desired{Hash: decommissionHash(wc)}, conditions.Sourced{Commit: head}); err != nil {
 		return err
 	}
+	// Every sync of a head without the cluster comes here again, a fleet-wide change
+	// among them: the decommission keeps the time it began, or its agent, connected and
+	// never done, would be given a new deadline with each.
+	since := time.Now().UTC()
+	if t, err := time.Parse(time.RFC3339, wc.Annotations[v1alpha1.DecommissionSinceAnnotation]); err == nil && wc.Annotations[v1alpha1.DecommissionAnnotation] != "" {
+		since = t
+	}
 	patch := client.MergeFrom(wc.DeepCopy())
-	wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.DecommissionAnnotation: "prune"})
+	wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.DecommissionAnnotation: "prune",
+		v1alpha1.DecommissionSinceAnnotation: since.Format(time.RFC3339)})
 	if err := s.patchWorkerCluster(ctx, wc, patch); err != nil {
 		return err
 	}
@@ -43,7 +51,14 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 	// The agent may be redialling (a hub restart, a network blip), or be cut off for
 	// not reading what it was sent: it gets the decommission when it connects, and the
 	// WorkerCluster goes without pruning only if no agent is connected for StaleAfter.
-	s.awaitPrune(ctx, client.ObjectKeyFromObject(wc), identity, time.Now().Add(maxPruneWaits*s.hub.opts.StaleAfter))
+	// A wait already under way goes on as it was: started again, it would never end
+	// while the fleet changes more often than StaleAfter.
+	s.mu.Lock()
+	waiting := s.pruneTimers[wc.Name] != nil
+	s.mu.Unlock()
+	if !waiting {
+		s.awaitPrune(ctx, client.ObjectKeyFromObject(wc), identity, since.Add(maxPruneWaits*s.hub.opts.StaleAfter))
+	}
 	return nil
 }
 

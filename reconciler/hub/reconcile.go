@@ -162,6 +162,7 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		delete(want.Annotations, v1alpha1.InvalidAnnotation)
 		// Back in the repository while it drained or waited for its prune: it stays.
 		delete(want.Annotations, v1alpha1.DecommissionAnnotation)
+		delete(want.Annotations, v1alpha1.DecommissionSinceAnnotation)
 		delete(want.Annotations, v1alpha1.DrainingSinceAnnotation)
 		delete(want.Annotations, v1alpha1.DrainedAnnotation)
 		delete(want.Annotations, v1alpha1.HubErrorAnnotation)

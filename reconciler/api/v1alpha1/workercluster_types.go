@@ -170,6 +170,10 @@ const (
 	// DecommissionAnnotation marks a cluster whose directory left the fleet: the agent
 	// is asked to prune what it owns before the WorkerCluster is deleted.
 	DecommissionAnnotation = "flotilla.dev/decommission"
+	// DecommissionSinceAnnotation is when the decommission began (RFC 3339): a
+	// connected agent has until maxPruneWaits StaleAfters after it to report its prune,
+	// however often the fleet changes and however often the hub restarts meanwhile.
+	DecommissionSinceAnnotation = "flotilla.dev/decommission-since"
 	// DrainingSinceAnnotation marks a removed cluster whose work dispatched from the hub
 	// still runs: it keeps its place in the hub's Kueue, held, until that work is done
 	// or fleet.yaml's drainGracePeriod from this time (RFC 3339) is over. Then its
