@@ -53,8 +53,13 @@ type Options struct {
 type Backend struct {
 	opts   Options
 	mu     sync.Mutex
+	store  *memory.Storage
 	repo   *git.Repository
 	remote *git.Remote
+	// kept is how many objects the store held when it last kept only the newest notes,
+	// and written how many bytes of objects were written since (see keepNewest).
+	kept    int
+	written int64
 }
 
 var _ commitstatus.Backend = (*Backend)(nil)
@@ -94,15 +99,93 @@ func New(opts Options) (*Backend, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	repo, err := git.Init(memory.NewStorage(), nil)
-	if err != nil {
+	b := &Backend{opts: opts}
+	if err := b.open(memory.NewStorage()); err != nil {
 		return nil, err
 	}
-	remote, err := repo.CreateRemote(&config.RemoteConfig{Name: "origin", URLs: []string{opts.URL}})
+	return b, nil
+}
+
+// open makes st the backend's store.
+func (b *Backend) open(st *memory.Storage) error {
+	repo, err := git.Init(st, nil)
 	if err != nil {
-		return nil, fmt.Errorf("gitnotes: %w", err)
+		return fmt.Errorf("gitnotes: %w", err)
 	}
-	return &Backend{opts: opts, repo: repo, remote: remote}, nil
+	remote, err := repo.CreateRemote(&config.RemoteConfig{Name: "origin", URLs: []string{b.opts.URL}})
+	if err != nil {
+		return fmt.Errorf("gitnotes: %w", err)
+	}
+	b.store, b.repo, b.remote = st, repo, remote
+	b.kept, b.written = len(st.Objects), 0
+	return nil
+}
+
+// keepNewest drops every object but the notes commit head and its tree, once the store
+// has grown well past that: the notes' history is never read again, and every status
+// set writes a new version of its note and of the notes' tree, which a hub that posts
+// for weeks would otherwise hold in memory all along. The store is then shallow at
+// head, which the next fetch and push build on.
+func (b *Backend) keepNewest(head plumbing.Hash) error {
+	if head.IsZero() || (len(b.store.Objects) <= 2*b.kept+keepSlack && b.written <= keepBytes) {
+		return nil
+	}
+	st := memory.NewStorage()
+	if err := b.copyObject(st, head, plumbing.CommitObject); err != nil {
+		return err
+	}
+	c, err := b.repo.CommitObject(head)
+	if err != nil {
+		return fmt.Errorf("gitnotes: %s at %s: %w", b.opts.Ref, head, err)
+	}
+	if err := b.copyTree(st, c.TreeHash); err != nil {
+		return err
+	}
+	if err := st.SetShallow([]plumbing.Hash{head}); err != nil {
+		return fmt.Errorf("gitnotes: %w", err)
+	}
+	if err := st.SetReference(plumbing.NewHashReference(plumbing.ReferenceName(b.opts.Ref), head)); err != nil {
+		return fmt.Errorf("gitnotes: %w", err)
+	}
+	return b.open(st)
+}
+
+// The store keeps only the newest notes once it holds twice what it did then and
+// keepSlack objects more, or keepBytes were written since: a few dozen statuses set.
+const (
+	keepSlack = 64
+	keepBytes = 64 << 20
+)
+
+func (b *Backend) copyObject(st *memory.Storage, h plumbing.Hash, t plumbing.ObjectType) error {
+	o, err := b.repo.Storer.EncodedObject(t, h)
+	if err != nil {
+		return fmt.Errorf("gitnotes: %s %s of %s: %w", t, h, b.opts.Ref, err)
+	}
+	_, err = st.SetEncodedObject(o)
+	return err
+}
+
+func (b *Backend) copyTree(st *memory.Storage, h plumbing.Hash) error {
+	if err := b.copyObject(st, h, plumbing.TreeObject); err != nil {
+		return err
+	}
+	t, err := b.repo.TreeObject(h)
+	if err != nil {
+		return fmt.Errorf("gitnotes: tree %s of %s: %w", h, b.opts.Ref, err)
+	}
+	for _, e := range t.Entries {
+		switch {
+		case e.Mode == filemode.Dir:
+			err = b.copyTree(st, e.Hash)
+		case e.Mode.IsFile():
+			err = b.copyObject(st, e.Hash, plumbing.BlobObject)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Canonical is st itself: a note has no length limit and keeps all four states.
@@ -168,7 +251,7 @@ func (b *Backend) Set(ctx context.Context, commit string, st commitstatus.Status
 			Auth:     b.opts.Auth,
 		})
 		if err == nil || errors.Is(err, git.NoErrAlreadyUpToDate) {
-			return nil
+			return b.keepNewest(next)
 		}
 		// A writer that pushed first shows as a refused non-fast-forward, or, when both
 		// pushes met on the server, as whatever the losing receive-pack said: either way
@@ -216,16 +299,25 @@ func (b *Backend) fetch(ctx context.Context) (plumbing.Hash, error) {
 	if _, err := b.repo.CommitObject(remote); err == nil {
 		return remote, nil
 	}
+	// Only the newest notes are read: the history below them, which grows with every
+	// status set, is not fetched.
 	err = b.remote.FetchContext(ctx, &git.FetchOptions{
 		RefSpecs: []config.RefSpec{config.RefSpec("+" + b.opts.Ref + ":" + b.opts.Ref)},
 		Auth:     b.opts.Auth,
+		Depth:    1,
 		Tags:     git.NoTags,
 		Force:    true,
 	})
 	if err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
 		return plumbing.ZeroHash, b.wrap("fetching notes", err)
 	}
-	return remote, nil
+	// Another writer may have pushed since the listing: the fetch brought its notes,
+	// and none below them.
+	ref, err := b.repo.Reference(plumbing.ReferenceName(b.opts.Ref), false)
+	if err != nil {
+		return plumbing.ZeroHash, fmt.Errorf("gitnotes: %s after a fetch: %w", b.opts.Ref, err)
+	}
+	return ref.Hash(), b.keepNewest(ref.Hash())
 }
 
 // note reads the note on commit in the notes commit head, with the path it is at.
@@ -311,7 +403,7 @@ func (b *Backend) commit(head, commit plumbing.Hash, n Note, msg string) (plumbi
 		return plumbing.ZeroHash, err
 	}
 	data = append(data, '\n')
-	blob, err := b.store(func(o plumbing.EncodedObject) error {
+	blob, err := b.write(func(o plumbing.EncodedObject) error {
 		o.SetType(plumbing.BlobObject)
 		w, err := o.Writer()
 		if err != nil {
@@ -346,7 +438,7 @@ func (b *Backend) commit(head, commit plumbing.Hash, n Note, msg string) (plumbi
 	sig := b.opts.Author
 	sig.When = b.opts.Now()
 	c := &object.Commit{Author: sig, Committer: sig, Message: msg + "\n", TreeHash: treeHash, ParentHashes: parents}
-	return b.store(func(o plumbing.EncodedObject) error { return c.Encode(o) })
+	return b.write(func(o plumbing.EncodedObject) error { return c.Encode(o) })
 }
 
 // replace writes a copy of t (nil for an empty tree) with the file at path set to blob.
@@ -388,14 +480,15 @@ func (b *Backend) replace(t *object.Tree, path []string, blob plumbing.Hash) (pl
 	}
 	sort.Slice(entries, func(i, j int) bool { return key(entries[i]) < key(entries[j]) })
 	nt := &object.Tree{Entries: entries}
-	return b.store(func(o plumbing.EncodedObject) error { return nt.Encode(o) })
+	return b.write(func(o plumbing.EncodedObject) error { return nt.Encode(o) })
 }
 
-func (b *Backend) store(encode func(plumbing.EncodedObject) error) (plumbing.Hash, error) {
+func (b *Backend) write(encode func(plumbing.EncodedObject) error) (plumbing.Hash, error) {
 	o := b.repo.Storer.NewEncodedObject()
 	if err := encode(o); err != nil {
 		return plumbing.ZeroHash, fmt.Errorf("gitnotes: encoding: %w", err)
 	}
+	b.written += o.Size()
 	return b.repo.Storer.SetEncodedObject(o)
 }
 

@@ -209,3 +209,63 @@ func TestRefusedCredentials(t *testing.T) {
 		t.Fatalf("Set with the right password: %v", err)
 	}
 }
+
+// A hub that posts for weeks holds the newest notes, not every version of them: each
+// status set writes a new note, notes tree and commit, and another writer's are fetched.
+// What it holds stays bounded, nothing set is lost, and git reads the notes.
+func TestAWriterHoldsOnlyTheNewestNotes(t *testing.T) {
+	srv := gitserver.Start(t)
+	repo := srv.NewRepo(t, "fleet", "")
+	var commits []string
+	for i := range 3 {
+		commits = append(commits, repo.Commit("main", fmt.Sprintf("change %d", i), map[string][]byte{"f": fmt.Appendf(nil, "%d", i)}))
+	}
+	hub, other := newBackend(t, repo.URL()), newBackend(t, repo.URL())
+	const sets = 150
+	most := 0
+	for i := range sets {
+		c, st := commits[i%len(commits)], commitstatus.Status{Context: fmt.Sprintf("flotilla/c%d", i%7), State: commitstatus.Pending, Description: fmt.Sprintf("set %d", i)}
+		if err := hub.Set(ctxT(t), c, st); err != nil {
+			t.Fatal(err)
+		}
+		// Now and then another writer, as during a leader hand-over: the hub fetches
+		// its notes on top of what it holds.
+		if i%10 == 0 {
+			if err := other.Set(ctxT(t), c, commitstatus.Status{Context: "flotilla/other", State: commitstatus.Success}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		most = max(most, hub.Held())
+	}
+	// The newest notes are a commit, the notes tree and a note per commit: 5 objects.
+	// Every set adds 3; the hub lets them pile up to twice what it kept, and 64 more.
+	if limit := 2*5 + 64 + 3; most > limit {
+		t.Fatalf("after %d statuses set, the hub held up to %d objects, more than %d", sets, most, limit)
+	}
+
+	reader := newBackend(t, repo.URL())
+	for i, c := range commits {
+		note, err := reader.Read(ctxT(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts := 0
+		for name, e := range note.Statuses {
+			if name != "flotilla/other" {
+				counts += e.Count
+			}
+		}
+		if want := (sets - i + len(commits) - 1) / len(commits); counts != want {
+			t.Errorf("commit %d holds %d statuses set, want %d: %v", i, counts, want, note.Statuses)
+		}
+	}
+	dir := t.TempDir()
+	git(t, dir, "init", "-q")
+	git(t, dir, "fetch", "-q", repo.URL(), "+refs/notes/flotilla:refs/notes/flotilla", "main")
+	if shown := git(t, dir, "notes", "--ref", "flotilla", "show", commits[0]); !strings.Contains(shown, `"flotilla/other"`) {
+		t.Fatalf("git reads\n%s", shown)
+	}
+	if n := git(t, dir, "rev-list", "--count", "refs/notes/flotilla"); n != fmt.Sprint(sets+sets/10) {
+		t.Fatalf("the notes' history holds %s commits, want one per status set, %d", n, sets+sets/10)
+	}
+}
