@@ -396,6 +396,36 @@ func findNote(t *object.Tree, hex string) (string, bool, error) {
 	}
 }
 
+// fanOutAt is how many entries a level of the notes tree holds before new notes go one
+// level down, under a directory named by the next two digits of their commit, as git
+// itself fans out a notes tree that grows: every status set writes the trees on its
+// note's path anew, which in a flat tree of a year's commits would be megabytes.
+const fanOutAt = 256
+
+// newNotePath is where the note of the object named hex goes in the notes tree t: into
+// the fan-out directories t already has on its way, and into a new one at a level that
+// holds fanOutAt entries or more. Git reads notes at any level, mixed.
+func newNotePath(t *object.Tree, hex string) (string, error) {
+	prefix := ""
+	for rest := hex; ; {
+		if len(rest) <= 2 {
+			return prefix + rest, nil
+		}
+		if e, err := t.FindEntry(rest[:2]); err == nil && e.Mode == filemode.Dir {
+			sub, err := t.Tree(rest[:2])
+			if err != nil {
+				return "", fmt.Errorf("gitnotes: notes tree %s%s: %w", prefix, rest[:2], err)
+			}
+			prefix, rest, t = prefix+rest[:2]+"/", rest[2:], sub
+			continue
+		}
+		if len(t.Entries) >= fanOutAt {
+			return prefix + rest[:2] + "/" + rest[2:], nil
+		}
+		return prefix + rest, nil
+	}
+}
+
 // commit writes a notes commit on top of head with commit's note set to n.
 func (b *Backend) commit(head, commit plumbing.Hash, n Note, msg string) (plumbing.Hash, error) {
 	data, err := json.MarshalIndent(n, "", "  ")
@@ -429,6 +459,8 @@ func (b *Backend) commit(head, commit plumbing.Hash, n Note, msg string) (plumbi
 			return plumbing.ZeroHash, err
 		} else if ok {
 			notePath = p
+		} else if notePath, err = newNotePath(root, commit.String()); err != nil {
+			return plumbing.ZeroHash, err
 		}
 	}
 	treeHash, err := b.replace(root, strings.Split(notePath, "/"), blob)

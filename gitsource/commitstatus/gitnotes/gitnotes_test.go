@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -267,5 +268,45 @@ func TestAWriterHoldsOnlyTheNewestNotes(t *testing.T) {
 	}
 	if n := git(t, dir, "rev-list", "--count", "refs/notes/flotilla"); n != fmt.Sprint(sets+sets/10) {
 		t.Fatalf("the notes' history holds %s commits, want one per status set, %d", n, sets+sets/10)
+	}
+}
+
+// A notes tree that grows fans out as git's does: once a level holds 256 entries, a new
+// note goes one level down, so that setting a status does not write a tree of every
+// commit ever noted. Git reads the notes at either level.
+func TestAFullNotesTreeFansOutNewNotes(t *testing.T) {
+	srv := gitserver.Start(t)
+	repo := srv.NewRepo(t, "fleet", "")
+	c := repo.Commit("main", "add a cluster", map[string][]byte{"clusters/a/cluster.yaml": []byte("name: a\n")})
+
+	dir := t.TempDir()
+	git(t, dir, "init", "-q")
+	git(t, dir, "fetch", "-q", repo.URL(), "main")
+	note := `{"statuses":{"flotilla/a":{"state":"pending","description":"older","updated":"2026-01-01T00:00:00Z","count":1}}}`
+	blob := gitIn(t, dir, note, "hash-object", "-w", "--stdin")
+	var flat strings.Builder
+	for i := range 256 {
+		fmt.Fprintf(&flat, "100644 blob %s\t%040x\n", blob, i+1)
+	}
+	root := gitIn(t, dir, flat.String(), "mktree")
+	git(t, dir, "push", "-q", repo.URL(), git(t, dir, "commit-tree", root, "-m", "256 notes")+":refs/notes/flotilla")
+
+	if err := newBackend(t, repo.URL()).Set(ctxT(t), c, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "ready"}); err != nil {
+		t.Fatal(err)
+	}
+	git(t, dir, "fetch", "-q", repo.URL(), "+refs/notes/flotilla:refs/notes/flotilla")
+	paths := strings.Split(git(t, dir, "ls-tree", "-r", "--name-only", "refs/notes/flotilla"), "\n")
+	if len(paths) != 257 || !slices.Contains(paths, c[:2]+"/"+c[2:]) || !slices.Contains(paths, fmt.Sprintf("%040x", 1)) {
+		t.Fatalf("the notes tree holds %d notes, want the 256 left where they were and the new one at %s/%s", len(paths), c[:2], c[2:])
+	}
+	if shown := git(t, dir, "notes", "--ref", "flotilla", "show", c); !strings.Contains(shown, `"state": "success"`) {
+		t.Fatalf("git reads\n%s\nfor the fanned-out note", shown)
+	}
+	if listed := strings.Split(git(t, dir, "notes", "--ref", "flotilla", "list"), "\n"); len(listed) != 257 {
+		t.Fatalf("git lists %d notes, want 257", len(listed))
+	}
+	got, err := newBackend(t, repo.URL()).Latest(ctxT(t), c)
+	if err != nil || got["flotilla/a"].State != commitstatus.Success {
+		t.Fatalf("Latest = %v, %v", got, err)
 	}
 }
