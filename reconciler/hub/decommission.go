@@ -28,6 +28,8 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 	s.log.Info("decommissioning a cluster removed from the fleet", "cluster", wc.Name, "policy", policy)
 	if policy == v1alpha1.DecommissionKeep {
 		wc.Status.Source = &v1alpha1.SourceStatus{Commit: head}
+		unlock := s.refreshLocks.lock(wc.Name)
+		defer unlock()
 		return s.finishDecommission(ctx, wc, "decommissioned: the worker keeps its objects (decommission: Keep); the agent is revoked")
 	}
 	if _, err := s.hub.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), conditions.Desired{Hash: decommissionHash(wc)}, conditions.Sourced{Commit: head}); err != nil {
@@ -108,7 +110,10 @@ func (s *Source) awaitPrune(ctx context.Context, key client.ObjectKey, identity 
 			}
 			msg = "removed; the agent did not finish pruning in time, so the worker may keep objects; the agent is revoked"
 		}
-		if err := s.finishDecommission(ctx, &cur, msg); err != nil {
+		unlock := s.refreshLocks.lock(key.Name)
+		err := s.finishDecommission(ctx, &cur, msg)
+		unlock()
+		if err != nil {
 			// Revoking and deleting may both be done again.
 			s.log.Error("finishing a decommission; trying again", "cluster", key.Name, "in", s.hub.opts.StaleAfter, "error", err)
 			s.awaitPrune(ctx, key, identity, deadline)
@@ -136,7 +141,9 @@ func (s *Source) maybeFinishDecommission(ctx context.Context, wc *v1alpha1.Worke
 	return s.finishDecommission(ctx, wc, "decommissioned: the agent pruned what it owned")
 }
 
-// finishDecommission revokes the agent's credential and deletes the WorkerCluster.
+// finishDecommission revokes the agent's credential and deletes the WorkerCluster. The
+// caller holds the cluster's refresh lock, so that no report of the cluster is posted or
+// counted after.
 func (s *Source) finishDecommission(ctx context.Context, wc *v1alpha1.WorkerCluster, msg string) error {
 	if err := s.hub.opts.Tunnel.Revoke(ctx, wc); err != nil {
 		return fmt.Errorf("revoking the credential of %s/%s: %w", wc.Namespace, wc.Name, err)
@@ -150,6 +157,7 @@ func (s *Source) finishDecommission(ctx context.Context, wc *v1alpha1.WorkerClus
 	s.mu.Lock()
 	delete(s.states, wc.Name)
 	delete(s.poolFull, wc.Name)
+	s.gone[wc.Name] = wc.UID
 	s.mu.Unlock()
 	s.publishFleetSoon()
 	return nil

@@ -72,3 +72,42 @@ func TestARemovalIsDecommissionedInTimeWhileTheFleetKeepsChanging(t *testing.T) 
 		return false, "no status yet"
 	})
 }
+
+// A report of a cluster read just before its decommission deleted it (an agent's last
+// heartbeat, from a cache that has not seen the deletion yet) neither counts the cluster
+// in the fleet's summary again nor posts over the status that says it was decommissioned.
+func TestAReportReadBeforeADecommissionDoesNotBringTheClusterBack(t *testing.T) {
+	w := startWave(t, waveOptions{clusters: 2, threshold: DefaultSummaryThreshold})
+	key := client.ObjectKey{Namespace: w.ns, Name: fleetgen.ClusterName(0)}
+	w.desiredRecorded(key)
+	read := w.stored(key)
+
+	changes := map[string][]byte{fleet.FleetFile: w.edit(fleet.FleetFile, "decommission: Prune", "decommission: Keep")}
+	for p := range w.files {
+		if strings.HasPrefix(p, fleet.ClustersDir+"/"+key.Name+"/") {
+			changes[p] = nil
+		}
+	}
+	removed := w.commit("main", "remove "+key.Name+", keeping what its worker holds", changes)
+	w.src.Trigger()
+	poll.Until(t, "the WorkerCluster deleted", func() (bool, string) {
+		err := planes[0].Client.Get(t.Context(), key, &v1alpha1.WorkerCluster{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+
+	// The refresh that read the cluster before its deletion comes to publish it.
+	unlock := w.src.refreshLocks.lock(key.Name)
+	w.src.publish(t.Context(), read)
+	unlock()
+	w.src.mu.Lock()
+	_, counted := w.src.states[key.Name]
+	w.src.mu.Unlock()
+	if counted {
+		t.Fatal("the decommissioned cluster is counted in the fleet's summary again")
+	}
+	// No agent runs here: the cluster left is pending, and the summary counts it alone.
+	got := w.settled(removed, func(st commitstatus.Status) bool { return strings.Contains(st.Description, "0 of 1 clusters ready") })
+	if r := got["flotilla/"+key.Name]; r.State != string(commitstatus.Success) || !strings.Contains(r.Description, "decommissioned") {
+		t.Fatalf("the removal's commit shows %s %q for the cluster, want its decommission", r.State, r.Description)
+	}
+}

@@ -68,9 +68,19 @@ func (s *Source) publishDeferred(ctx context.Context, name string) error {
 	return nil
 }
 
-// publish posts wc's commit status, and counts its state for the fleet's summary.
+// publish posts wc's commit status, and counts its state for the fleet's summary. The
+// caller holds the cluster's refresh lock, which a decommission finishes under too.
 func (s *Source) publish(ctx context.Context, wc *v1alpha1.WorkerCluster) {
 	name := wc.Name
+	s.mu.Lock()
+	uid, gone := s.gone[name]
+	if gone && uid != wc.UID {
+		delete(s.gone, name)
+	}
+	s.mu.Unlock()
+	if gone && uid == wc.UID {
+		return
+	}
 	st := conditions.CommitStatus(s.context(name), wc)
 	s.post(ctx, sourceOf(wc).Commit, st)
 	s.mu.Lock()

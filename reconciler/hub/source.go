@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"log/slog"
 	"sync"
 	"time"
@@ -96,6 +97,10 @@ type Source struct {
 	fleetError string
 	// pruneTimers finish the decommissions whose agent stays away, one per cluster.
 	pruneTimers map[string]*time.Timer
+	// gone are the WorkerClusters decommissioned, by name: a report of one, read
+	// before its deletion, must not count it in the summary again, nor post over its
+	// last status. A cluster added back is a WorkerCluster of another UID.
+	gone map[string]types.UID
 	// fleet is the last head as loaded, which the next head's changed clusters are
 	// read on top of.
 	fleet *fleet.Fleet
@@ -131,7 +136,7 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{hub: h, opts: opts, git: g, log: h.opts.Log.With("tenant", opts.Tenant, "repository", gitsource.RedactURL(opts.Git.URL)),
-		prefix: fleet.DefaultStatusContextPrefix, states: map[string]commitstatus.State{}, invalid: map[string]string{}, retry: map[string]bool{}, waitingRemovals: map[string]bool{}, pruneTimers: map[string]*time.Timer{},
+		prefix: fleet.DefaultStatusContextPrefix, states: map[string]commitstatus.State{}, invalid: map[string]string{}, retry: map[string]bool{}, waitingRemovals: map[string]bool{}, pruneTimers: map[string]*time.Timer{}, gone: map[string]types.UID{},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		planWake: make(chan struct{}, 1), dispatchWake: make(chan struct{}, 1), quotas: map[string]corev1.ResourceList{}, registered: map[string]bool{}, poolFull: map[string]string{}}
 	s.book = newStatusBook(opts.SummaryThreshold)
