@@ -76,14 +76,21 @@ func newValidateCommand() *cobra.Command {
 				}
 				valid++
 			}
-			// A head over its budget is refused whole; reading all of it for tokens
-			// would cost what the budget is there to refuse.
+			// A head over its budget is refused whole, and a cluster directory over its
+			// own fails: reading them for tokens would cost what the budgets are there
+			// to refuse.
 			if !f.OverBudget() {
+				unread := map[string]bool{}
+				for _, name := range f.ClusterNames() {
+					if c := f.Clusters[name]; c.OverBudget() {
+						unread[c.Dir] = true
+					}
+				}
 				var leaks fleet.ErrorList
 				if ref != "" {
-					leaks, err = scanTree(fsys)
+					leaks, err = scanTree(fsys, unread)
 				} else {
-					leaks, err = scanForTokens(dir)
+					leaks, err = scanForTokens(dir, unread)
 				}
 				if err != nil {
 					return err
@@ -158,14 +165,15 @@ func hasErrorIn(list fleet.ErrorList, file string) bool {
 }
 
 // scanForTokens reports plaintext tokens in every file git would track: the .git
-// directory and ignored files, such as the agent's values files, are left out.
-func scanForTokens(dir string) (fleet.ErrorList, error) {
+// directory and ignored files, such as the agent's values files, are left out, and so
+// are the directories unread.
+func scanForTokens(dir string, unread map[string]bool) (fleet.ErrorList, error) {
 	ignored, err := gitIgnored(dir)
 	if err != nil {
 		return nil, err
 	}
 	leaks, err := secrets.ScanFS(fleet.DirFS(dir), func(p string, isDir bool) bool {
-		return p == ".git" || ignored.Match(strings.Split(p, "/"), isDir)
+		return p == ".git" || unread[p] || ignored.Match(strings.Split(p, "/"), isDir)
 	})
 	if err != nil {
 		return nil, err
@@ -173,14 +181,18 @@ func scanForTokens(dir string) (fleet.ErrorList, error) {
 	return leakErrors(leaks), nil
 }
 
-// scanTree reports plaintext tokens in every file of a commit: all of them are tracked.
-// A directory that cannot be read, as one holding an entry named "..", is an error of
-// its own, and the scan goes on with the rest.
-func scanTree(fsys fs.FS) (fleet.ErrorList, error) {
+// scanTree reports plaintext tokens in every file of a commit but those of the
+// directories unread: all of them are tracked. A directory that cannot be read, as one
+// holding an entry named "..", is an error of its own, and the scan goes on with the
+// rest.
+func scanTree(fsys fs.FS, unread map[string]bool) (fleet.ErrorList, error) {
 	var unreadable fleet.ErrorList
 	leaks, err := secrets.ScanFS(fsys, func(p string, isDir bool) bool {
 		if !isDir {
 			return false
+		}
+		if unread[p] {
+			return true
 		}
 		if _, err := fs.ReadDir(fsys, p); err != nil {
 			var pe *fs.PathError

@@ -123,6 +123,11 @@ type Cluster struct {
 // Valid reports whether the cluster can be rendered and enrolled.
 func (c *Cluster) Valid() bool { return c.Object != nil && len(c.Errors) == 0 }
 
+// OverBudget reports whether the directory broke the cluster's own budget (see Budget):
+// then it holds no files, and Errors says which budget and where. Whatever else reads
+// the directory should not read it either.
+func (c *Cluster) OverBudget() bool { return c.overBudget }
+
 // Enrollment is the raw, still encrypted enrollment file.
 func (c *Cluster) Enrollment() []byte { return c.Files[path.Join(c.Dir, EnrollmentFile)] }
 
