@@ -137,8 +137,11 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 	res, tok := p.res, p.tok
 	// A token this cluster's agent redeemed before (the cluster was removed and added
 	// back with the same enrollment file) is refused by the tunnel, which tells the
-	// caller nothing: the commit says what to do.
-	if wc == nil || wc.Status.Enrollment == nil || wc.Status.Enrollment.TokenHash != tok.String() {
+	// caller nothing: the commit says what to do. A WorkerCluster that holds the token
+	// already was checked when it took it, and since then only its own agent can have
+	// redeemed it, which its status shows: each fleet-wide change would otherwise read
+	// the record of every cluster still waiting for its agent.
+	if wc == nil || (wc.Spec.EnrollmentTokenHash != tok.String() && (wc.Status.Enrollment == nil || wc.Status.Enrollment.TokenHash != tok.String())) {
 		redeemed, err := s.hub.opts.Tunnel.Redeemed(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: c.Name}, tok)
 		if err != nil {
 			return err

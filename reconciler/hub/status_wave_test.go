@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
@@ -75,6 +76,9 @@ type waveOptions struct {
 	fetchTimeout time.Duration
 	// stall, when set, has the repository's server stall the fetches it says to stall.
 	stall func(request []byte) bool
+	// gets, when set, sees every Get the hub and its tunnel make of the hub cluster's
+	// API server, not of a cache.
+	gets func(key client.ObjectKey, obj client.Object)
 }
 
 func startWaveHub(t *testing.T, clusters, threshold int) *waveHub {
@@ -100,6 +104,16 @@ func startWave(t *testing.T, o waveOptions) *waveHub {
 		w = newWaveFleet(t, o.clusters)
 	}
 	w = &waveHub{t: t, ns: w.ns, repo: w.repo, forge: w.forge, files: w.files, ids: w.ids}
+	if o.gets != nil {
+		plain, err := client.NewWithWatch(planes[0].Config, client.Options{Scheme: c.Scheme()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c = interceptor.NewClient(plain, interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			o.gets(key, obj)
+			return c.Get(ctx, key, obj, opts...)
+		}})
+	}
 	status := conditions.NewWriter(o.writes)
 	tun, err := tunnel.New(tunnel.Options{Client: c, Status: status, AllowInsecureLoopback: true})
 	if err != nil {
