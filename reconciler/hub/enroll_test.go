@@ -1,12 +1,14 @@
 package hub
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
@@ -24,13 +26,15 @@ func TestAFleetWideChangeReadsNoRecordOfRedeemedTokensCheckedBefore(t *testing.T
 	const clusters = 3
 	var mu sync.Mutex
 	var read []string
-	w := startWave(t, waveOptions{clusters: clusters, threshold: DefaultSummaryThreshold, gets: func(key client.ObjectKey, obj client.Object) {
-		if _, ok := obj.(*corev1.Secret); ok {
-			mu.Lock()
-			read = append(read, key.Name)
-			mu.Unlock()
-		}
-	}})
+	w := startWave(t, waveOptions{clusters: clusters, threshold: DefaultSummaryThreshold, calls: &interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, ok := obj.(*corev1.Secret); ok {
+				mu.Lock()
+				read = append(read, key.Name)
+				mu.Unlock()
+			}
+			return c.Get(ctx, key, obj, opts...)
+		}}})
 	records := func() int {
 		mu.Lock()
 		defer mu.Unlock()

@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
@@ -44,6 +46,27 @@ func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheWriteWasRefused(
 	startWave(t, waveOptions{threshold: DefaultSummaryThreshold, writes: flaky, staleAfter: time.Second, restarts: first})
 	poll.Until(t, "the restarted hub's record of the agent not back refused", func() (bool, string) {
 		return refused.Load(), "not yet"
+	})
+	shownNotBack(t, first, key)
+}
+
+// The look for agents that did not come back lists the WorkerClusters once; a list the
+// hub cluster refuses is tried again, or a restarted hub would show those clusters
+// connected, to agents long gone, for good.
+func TestAnAgentNotBackAfterARestartIsShownDisconnectedThoughTheListWasRefused(t *testing.T) {
+	first, key := stoppedWithAnAgentConnected(t)
+	// The first two lists of WorkerClusters are refused: the look's and the first
+	// sync's, in whichever order they come.
+	var refused atomic.Int32
+	startWave(t, waveOptions{threshold: DefaultSummaryThreshold, staleAfter: time.Second, restarts: first, calls: &interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if _, ok := list.(*v1alpha1.WorkerClusterList); ok && refused.Add(1) <= 2 {
+				return apierrors.NewServiceUnavailable("the hub cluster is restarting")
+			}
+			return c.List(ctx, list, opts...)
+		}}})
+	poll.Until(t, "both lists refused", func() (bool, string) {
+		return refused.Load() >= 2, fmt.Sprintf("%d refused", refused.Load())
 	})
 	shownNotBack(t, first, key)
 }

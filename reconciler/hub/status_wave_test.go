@@ -76,9 +76,9 @@ type waveOptions struct {
 	fetchTimeout time.Duration
 	// stall, when set, has the repository's server stall the fetches it says to stall.
 	stall func(request []byte) bool
-	// gets, when set, sees every Get the hub and its tunnel make of the hub cluster's
-	// API server, not of a cache.
-	gets func(key client.ObjectKey, obj client.Object)
+	// calls, when set, stands between the hub and its tunnel and the hub cluster's API
+	// server.
+	calls *interceptor.Funcs
 }
 
 func startWaveHub(t *testing.T, clusters, threshold int) *waveHub {
@@ -104,15 +104,12 @@ func startWave(t *testing.T, o waveOptions) *waveHub {
 		w = newWaveFleet(t, o.clusters)
 	}
 	w = &waveHub{t: t, ns: w.ns, repo: w.repo, forge: w.forge, files: w.files, ids: w.ids}
-	if o.gets != nil {
+	if o.calls != nil {
 		plain, err := client.NewWithWatch(planes[0].Config, client.Options{Scheme: c.Scheme()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		c = interceptor.NewClient(plain, interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-			o.gets(key, obj)
-			return c.Get(ctx, key, obj, opts...)
-		}})
+		c = interceptor.NewClient(plain, *o.calls)
 	}
 	status := conditions.NewWriter(o.writes)
 	tun, err := tunnel.New(tunnel.Options{Client: c, Status: status, AllowInsecureLoopback: true})
