@@ -1,14 +1,18 @@
 package hub
 
 import (
+	"context"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
@@ -110,4 +114,75 @@ func TestAReportReadBeforeADecommissionDoesNotBringTheClusterBack(t *testing.T) 
 	if r := got["flotilla/"+key.Name]; r.State != string(commitstatus.Success) || !strings.Contains(r.Description, "decommissioned") {
 		t.Fatalf("the removal's commit shows %s %q for the cluster, want its decommission", r.State, r.Description)
 	}
+}
+
+// A decommission finishes under its cluster's lock, across the hub cluster's answers to
+// the revocation and the deletion. Another cluster's status waits for none of that,
+// whatever their names: here two whose names a lock of 64 shards picked by FNV-1a would
+// put together.
+func TestAClustersStatusDoesNotWaitForAnotherClustersDecommission(t *testing.T) {
+	const clusters = 32
+	a, b := sharingAShard(t, clusters)
+	deleting, release := make(chan struct{}), make(chan struct{})
+	w := startWave(t, waveOptions{clusters: clusters, threshold: DefaultSummaryThreshold, staleAfter: time.Second, calls: &interceptor.Funcs{
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			if _, ok := obj.(*v1alpha1.WorkerCluster); ok && obj.GetName() == a {
+				close(deleting)
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			}
+			return c.Delete(ctx, obj, opts...)
+		}}})
+	t.Cleanup(sync.OnceFunc(func() { close(release) }))
+	for _, name := range []string{a, b} {
+		w.desiredRecorded(client.ObjectKey{Namespace: w.ns, Name: name})
+	}
+
+	// a's agent never came: StaleAfter after its removal, its decommission finishes
+	// without it, and its deletion is held.
+	removal := map[string][]byte{}
+	for p := range w.files {
+		if strings.HasPrefix(p, fleet.ClustersDir+"/"+a+"/") {
+			removal[p] = nil
+		}
+	}
+	w.commit("main", "remove "+a, removal)
+	w.src.Trigger()
+	select {
+	case <-deleting:
+	case <-time.After(poll.Deadline):
+		t.Fatalf("the decommission of %s never deleted its WorkerCluster", a)
+	}
+
+	file := fleet.ClustersDir + "/" + b + "/" + fleet.ClusterFile
+	cordoned := w.commit("main", "cordon "+b, map[string][]byte{file: w.edit(file, "cordoned: false", "cordoned: true")})
+	w.src.Trigger()
+	poll.Until(t, b+"'s status on its commit, while "+a+"'s deletion is held", func() (bool, string) {
+		for _, r := range w.forge.Store.Latest(cordoned) {
+			if r.Context == "flotilla/"+b {
+				return true, ""
+			}
+		}
+		return false, "not posted"
+	})
+}
+
+// sharingAShard names two clusters of a fleet of n whose names share a shard of 64 by
+// FNV-1a.
+func sharingAShard(t *testing.T, n int) (string, string) {
+	t.Helper()
+	seen := map[uint32]string{}
+	for i := range n {
+		name := fleetgen.ClusterName(i)
+		h := fnv.New32a()
+		h.Write([]byte(name))
+		if other, ok := seen[h.Sum32()%64]; ok {
+			return other, name
+		}
+		seen[h.Sum32()%64] = name
+	}
+	t.Fatalf("no two of %d clusters share a shard", n)
+	return "", ""
 }

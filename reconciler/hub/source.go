@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"log/slog"
@@ -283,14 +282,39 @@ func (s *Source) workerClustersNamed(ctx context.Context, names []string) (map[s
 	return out, nil
 }
 
-// keyedLocks serializes work per key over a fixed set of mutexes: two keys may share
-// one, which only costs a little waiting.
-type keyedLocks [64]sync.Mutex
+// keyedLocks serializes work per key. Work under a key's lock waits on the hub
+// cluster's API (a decommission revokes and deletes under it): a lock shared between
+// keys would hold other clusters' work for as long.
+type keyedLocks struct {
+	mu    sync.Mutex
+	locks map[string]*keyedLock
+}
+
+// keyedLock is the lock of one key, there while anyone holds or waits for it.
+type keyedLock struct {
+	sync.Mutex
+	users int
+}
 
 func (l *keyedLocks) lock(key string) (unlock func()) {
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	m := &l[h.Sum32()%uint32(len(l))]
-	m.Lock()
-	return m.Unlock
+	l.mu.Lock()
+	k := l.locks[key]
+	if k == nil {
+		if l.locks == nil {
+			l.locks = map[string]*keyedLock{}
+		}
+		k = &keyedLock{}
+		l.locks[key] = k
+	}
+	k.users++
+	l.mu.Unlock()
+	k.Lock()
+	return func() {
+		k.Unlock()
+		l.mu.Lock()
+		if k.users--; k.users == 0 {
+			delete(l.locks, key)
+		}
+		l.mu.Unlock()
+	}
 }
