@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/keylock"
 )
 
 // Writer writes WorkerClusters' status: it records facts, derives the conditions and
@@ -64,68 +65,13 @@ type Writer struct {
 	// writing keeps the records, deferrals and reads of one WorkerCluster apart, so
 	// that deferred facts a write took are never missing from what a read shows, and
 	// never written after facts recorded later.
-	writing keyLocks
-}
-
-// keyLocks are a mutex per WorkerCluster, held by someone.
-type keyLocks struct {
-	mu    sync.Mutex
-	locks map[client.ObjectKey]*keyLock
-}
-
-type keyLock struct {
-	sync.Mutex
-	holders int
-}
-
-// lock locks key's mutex and returns its unlock.
-func (k *keyLocks) lock(key client.ObjectKey) (unlock func()) {
-	unlock, _ = k.acquire(key, true)
-	return unlock
-}
-
-// tryLock locks key's mutex unless someone holds it.
-func (k *keyLocks) tryLock(key client.ObjectKey) (unlock func(), ok bool) {
-	return k.acquire(key, false)
-}
-
-func (k *keyLocks) acquire(key client.ObjectKey, wait bool) (func(), bool) {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[client.ObjectKey]*keyLock{}
-	}
-	l := k.locks[key]
-	if l == nil {
-		l = &keyLock{}
-		k.locks[key] = l
-	}
-	if !wait {
-		// Taken under k.mu: a holder letting go meanwhile cannot drop the entry.
-		if !l.TryLock() {
-			k.mu.Unlock()
-			return nil, false
-		}
-		l.holders++
-		k.mu.Unlock()
-	} else {
-		l.holders++
-		k.mu.Unlock()
-		l.Lock()
-	}
-	return func() {
-		l.Unlock()
-		k.mu.Lock()
-		if l.holders--; l.holders == 0 {
-			delete(k.locks, key)
-		}
-		k.mu.Unlock()
-	}, true
+	writing keylock.Locks[client.ObjectKey]
 }
 
 // lock holds the WorkerCluster named key for one record, deferral or read, and tells
 // OnChange, when it lets go, if RecordIfIdle found it held meanwhile.
 func (w *Writer) lock(key client.ObjectKey) (unlock func()) {
-	return w.after(key, w.writing.lock(key))
+	return w.after(key, w.writing.Lock(key))
 }
 
 func (w *Writer) after(key client.ObjectKey, unlock func()) func() {
@@ -257,7 +203,7 @@ func (w *Writer) recordLocked(ctx context.Context, key client.ObjectKey, facts [
 // told of while the record waits: an agent's acknowledgement then reaches its commit
 // status at once, not a minute later. The record takes q off the queue.
 func (w *Writer) lockToRecord(key client.ObjectKey, facts []Fact) (unlock func(), q *queuedFacts) {
-	if unlock, ok := w.writing.tryLock(key); ok {
+	if unlock, ok := w.writing.TryLock(key); ok {
 		return w.after(key, unlock), nil
 	}
 	if len(facts) > 0 {
@@ -267,7 +213,7 @@ func (w *Writer) lockToRecord(key client.ObjectKey, facts []Fact) (unlock func()
 		w.mu.Unlock()
 		w.notify(key)
 	}
-	return w.after(key, w.writing.lock(key)), q
+	return w.after(key, w.writing.Lock(key)), q
 }
 
 // RecordIfIdle is Record with no facts, for a WorkerCluster nobody holds: it derives,
@@ -281,7 +227,7 @@ func (w *Writer) RecordIfIdle(ctx context.Context, key client.ObjectKey) error {
 	w.mu.Lock()
 	w.wanted[key] = true
 	w.mu.Unlock()
-	unlock, ok := w.writing.tryLock(key)
+	unlock, ok := w.writing.TryLock(key)
 	if !ok {
 		return nil
 	}

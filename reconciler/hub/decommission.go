@@ -28,7 +28,7 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 	s.log.Info("decommissioning a cluster removed from the fleet", "cluster", wc.Name, "policy", policy)
 	if policy == v1alpha1.DecommissionKeep {
 		wc.Status.Source = &v1alpha1.SourceStatus{Commit: head}
-		unlock := s.refreshLocks.lock(wc.Name)
+		unlock := s.refreshLocks.Lock(wc.Name)
 		defer unlock()
 		return s.finishDecommission(ctx, wc, "decommissioned: the worker keeps its objects (decommission: Keep); the agent is revoked")
 	}
@@ -110,7 +110,7 @@ func (s *Source) awaitPrune(ctx context.Context, key client.ObjectKey, identity 
 			}
 			msg = "removed; the agent did not finish pruning in time, so the worker may keep objects; the agent is revoked"
 		}
-		unlock := s.refreshLocks.lock(key.Name)
+		unlock := s.refreshLocks.Lock(key.Name)
 		err := s.finishDecommission(ctx, &cur, msg)
 		unlock()
 		if err != nil {

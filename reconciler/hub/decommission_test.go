@@ -100,7 +100,7 @@ func TestAReportReadBeforeADecommissionDoesNotBringTheClusterBack(t *testing.T) 
 	})
 
 	// The refresh that read the cluster before its deletion comes to publish it.
-	unlock := w.src.refreshLocks.lock(key.Name)
+	unlock := w.src.refreshLocks.Lock(key.Name)
 	w.src.publish(t.Context(), read)
 	unlock()
 	w.src.mu.Lock()

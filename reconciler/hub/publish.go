@@ -22,7 +22,7 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 	// interleave, the one that read the older WorkerCluster could post and remember last,
 	// and the fleet's summary would wait forever on a state long gone: one at a time, the
 	// last refresh reads the newest state.
-	unlock := s.refreshLocks.lock(name)
+	unlock := s.refreshLocks.Lock(name)
 	defer unlock()
 	key := client.ObjectKey{Namespace: s.opts.Namespace, Name: name}
 	status := s.hub.opts.Status
@@ -58,7 +58,7 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 // Posted while the sync that sent it runs, so that the commit is counted as touching
 // it (statusBook); the agent's acknowledgement refreshes it after.
 func (s *Source) publishDeferred(ctx context.Context, name string) error {
-	unlock := s.refreshLocks.lock(name)
+	unlock := s.refreshLocks.Lock(name)
 	defer unlock()
 	wc, err := s.hub.opts.Status.Get(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: name})
 	if err != nil {

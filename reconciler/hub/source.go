@@ -19,6 +19,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
+	"github.com/flotilla-gitops/flotilla/reconciler/keylock"
 )
 
 // refreshWorkers is how many of a source's clusters are summed up and posted at once.
@@ -73,7 +74,7 @@ type Source struct {
 	// worker uses it.
 	plannedHeads map[string]bool
 	// refreshLocks keep two refreshes of one cluster apart.
-	refreshLocks keyedLocks
+	refreshLocks keylock.Locks[string]
 	// summary coalesces the posts of the fleet's summary (summary.go).
 	summary summaryWake
 
@@ -280,41 +281,4 @@ func (s *Source) workerClustersNamed(ctx context.Context, names []string) (map[s
 		}
 	}
 	return out, nil
-}
-
-// keyedLocks serializes work per key. Work under a key's lock waits on the hub
-// cluster's API (a decommission revokes and deletes under it): a lock shared between
-// keys would hold other clusters' work for as long.
-type keyedLocks struct {
-	mu    sync.Mutex
-	locks map[string]*keyedLock
-}
-
-// keyedLock is the lock of one key, there while anyone holds or waits for it.
-type keyedLock struct {
-	sync.Mutex
-	users int
-}
-
-func (l *keyedLocks) lock(key string) (unlock func()) {
-	l.mu.Lock()
-	k := l.locks[key]
-	if k == nil {
-		if l.locks == nil {
-			l.locks = map[string]*keyedLock{}
-		}
-		k = &keyedLock{}
-		l.locks[key] = k
-	}
-	k.users++
-	l.mu.Unlock()
-	k.Lock()
-	return func() {
-		k.Unlock()
-		l.mu.Lock()
-		if k.users--; k.users == 0 {
-			delete(l.locks, key)
-		}
-		l.mu.Unlock()
-	}
 }
