@@ -32,15 +32,21 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 		defer unlock()
 		return s.finishDecommission(ctx, wc, "decommissioned: the worker keeps its objects (decommission: Keep); the agent is revoked")
 	}
-	if _, err := s.hub.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), conditions.Desired{Hash: decommissionHash(wc)}, conditions.Sourced{Commit: head}); err != nil {
-		return err
-	}
 	// Every sync of a head without the cluster comes here again, a fleet-wide change
 	// among them: the decommission keeps the time it began, or its agent, connected and
-	// never done, would be given a new deadline with each.
-	since := time.Now().UTC()
+	// never done, would be given a new deadline with each; and it keeps the removal's
+	// commit, where it is told of until it is done.
+	since, begun := time.Now().UTC(), false
 	if t, err := time.Parse(time.RFC3339, wc.Annotations[v1alpha1.DecommissionSinceAnnotation]); err == nil && wc.Annotations[v1alpha1.DecommissionAnnotation] != "" {
-		since = t
+		since, begun = t, true
+	}
+	facts := []conditions.Fact{conditions.Desired{Hash: decommissionHash(wc)}}
+	if !begun {
+		facts = append(facts, conditions.Sourced{Commit: head})
+	}
+	stored, err := s.hub.opts.Status.Record(ctx, client.ObjectKeyFromObject(wc), facts...)
+	if err != nil {
+		return err
 	}
 	patch := client.MergeFrom(wc.DeepCopy())
 	wc.Annotations = mergeMaps(wc.Annotations, map[string]string{v1alpha1.DecommissionAnnotation: "prune",
@@ -48,7 +54,7 @@ func (s *Source) decommission(ctx context.Context, wc *v1alpha1.WorkerCluster, h
 	if err := s.patchWorkerCluster(ctx, wc, patch); err != nil {
 		return err
 	}
-	s.post(ctx, head, commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Pending, Description: "decommissioning: waiting for the agent to prune what it owns"})
+	s.post(ctx, sourceOf(stored).Commit, commitstatus.Status{Context: s.context(wc.Name), State: commitstatus.Pending, Description: "decommissioning: waiting for the agent to prune what it owns"})
 	s.hub.opts.Tunnel.Push(client.ObjectKeyFromObject(wc), identity, &protocol.DesiredState{Generation: wc.Generation, Hash: decommissionHash(wc), Decommission: true})
 	// The agent may be redialling (a hub restart, a network blip), or be cut off for
 	// not reading what it was sent: it gets the decommission when it connects, and the

@@ -64,17 +64,22 @@ func TestARemovalIsDecommissionedInTimeWhileTheFleetKeepsChanging(t *testing.T) 
 		w.src.Trigger()
 		<-tick.C
 	}
-	// On the commit the sync that last came to the removal attributed it to.
+	// On the removal's commit, which the fleet-wide changes since did not take over.
 	poll.Until(t, "the removal's status", func() (bool, string) {
-		for _, c := range slices.Backward(commits) {
-			for _, r := range w.forge.Store.Latest(c) {
-				if r.Context == "flotilla/"+key.Name {
-					return r.State == string(commitstatus.Success) && strings.Contains(r.Description, "the agent did not connect"), r.State + " " + r.Description
-				}
+		for _, r := range w.forge.Store.Latest(commits[0]) {
+			if r.Context == "flotilla/"+key.Name {
+				return r.State == string(commitstatus.Success) && strings.Contains(r.Description, "the agent did not connect"), r.State + " " + r.Description
 			}
 		}
 		return false, "no status yet"
 	})
+	for _, c := range commits[1:] {
+		for _, r := range w.forge.Store.Latest(c) {
+			if r.Context == "flotilla/"+key.Name {
+				t.Errorf("the fleet-wide change %s shows %s %q for the removed cluster", c[:12], r.State, r.Description)
+			}
+		}
+	}
 }
 
 // A report of a cluster read just before its decommission deleted it (an agent's last
