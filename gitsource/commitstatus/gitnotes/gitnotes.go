@@ -6,7 +6,9 @@
 // A note holds one JSON document per commit with the newest status of every context and
 // how many times each was set. Writers fetch the notes ref, change the note, commit and
 // push without force; a push that lost a race with another writer is redone on top of
-// the winner's notes, so nothing written is lost.
+// the winner's notes, so nothing written is lost. A writer fetches and holds only the
+// newest notes, never their history, and fans the notes tree out as git does once it
+// grows, so that what one status costs does not grow with every status set before.
 package gitnotes
 
 import (
