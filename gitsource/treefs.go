@@ -482,6 +482,21 @@ func (t TreeFS) ReadShared(name string) ([]byte, error) {
 	return data, nil
 }
 
+// ContentID names the content of the file name, following links: git's object name of
+// its blob, the same for every path that holds the same bytes.
+func (t TreeFS) ContentID(name string) (string, error) {
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
+	r, err := t.resolve("read", name, true)
+	if err != nil {
+		return "", err
+	}
+	if !r.entry.Mode.IsFile() {
+		return "", &fs.PathError{Op: "read", Path: name, Err: errors.New("not a file")}
+	}
+	return r.entry.Hash.String(), nil
+}
+
 func (t TreeFS) Stat(name string) (fs.FileInfo, error) { return t.stat("stat", name, true) }
 
 func (t TreeFS) Lstat(name string) (fs.FileInfo, error) { return t.stat("lstat", name, false) }

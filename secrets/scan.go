@@ -52,15 +52,27 @@ func ScanBytes(file string, data []byte) []Leak {
 	return leaks
 }
 
+// ContentIDFS is a file system that names each file's content, such as a commit's tree:
+// paths with one ID hold the same bytes.
+type ContentIDFS interface {
+	fs.FS
+	ContentID(name string) (string, error)
+}
+
 // MaxScannedFileSize bounds what ScanFS reads of one file; a fleet repository holds
 // small text files, and a token in a larger file is still found in its first part.
 const MaxScannedFileSize = 16 << 20
 
 // ScanFS walks fsys and reports every valid token in its regular files. skip, when not
 // nil, leaves out paths (and, for directories, everything below them): a checkout's .git
-// directory and the files its .gitignore keeps out of the repository.
+// directory and the files its .gitignore keeps out of the repository. On a ContentIDFS
+// each content is read and scanned once, whatever the number of paths that name it: a
+// commit of 20,000 paths to one blob of a megabyte is 20 GB read path by path.
 func ScanFS(fsys fs.FS, skip func(p string, isDir bool) bool) ([]Leak, error) {
 	var leaks []Leak
+	ids, _ := fsys.(ContentIDFS)
+	// scanned are the leaks of each content scanned, by ID, at the path it was read by.
+	scanned := map[string][]Leak{}
 	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -74,6 +86,19 @@ func ScanFS(fsys fs.FS, skip func(p string, isDir bool) bool) ([]Leak, error) {
 		if !d.Type().IsRegular() {
 			return nil
 		}
+		var id string
+		if ids != nil {
+			if id, err = ids.ContentID(p); err != nil {
+				return err
+			}
+			if found, ok := scanned[id]; ok {
+				for _, l := range found {
+					l.File = path.Clean(p)
+					leaks = append(leaks, l)
+				}
+				return nil
+			}
+		}
 		f, err := fsys.Open(p)
 		if err != nil {
 			return err
@@ -83,7 +108,11 @@ func ScanFS(fsys fs.FS, skip func(p string, isDir bool) bool) ([]Leak, error) {
 		if err != nil {
 			return err
 		}
-		leaks = append(leaks, ScanBytes(path.Clean(p), data)...)
+		found := ScanBytes(path.Clean(p), data)
+		if ids != nil {
+			scanned[id] = found
+		}
+		leaks = append(leaks, found...)
 		return nil
 	})
 	if err != nil {

@@ -1,9 +1,15 @@
 package secrets
 
 import (
+	"fmt"
+	"io/fs"
+	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
+
+	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/test/gittree"
 )
 
 func TestScanFindsTokensByFileLineAndColumn(t *testing.T) {
@@ -53,5 +59,46 @@ func TestRedactHidesEveryTokenShape(t *testing.T) {
 	out := Redact("a " + tok.Reveal() + " b " + fake + " c")
 	if strings.Contains(out, TokenPrefix) || out != "a [REDACTED] b [REDACTED] c" {
 		t.Fatalf("Redact = %q", out)
+	}
+}
+
+// countingTree counts the files opened in a commit's tree.
+type countingTree struct {
+	gitsource.TreeFS
+	opened int
+}
+
+func (c *countingTree) Open(name string) (fs.File, error) {
+	c.opened++
+	return c.TreeFS.Open(name)
+}
+
+// In a commit, content named from many paths is read and scanned once, and a leak in it
+// is reported at every path: many paths to one large blob cost a scan what the blob
+// does, not what the paths would.
+func TestScanReadsEachContentOfACommitOnce(t *testing.T) {
+	tok, _ := NewToken()
+	leaked := gittree.Regular("first line\n  token: " + tok.Reveal() + "\n")
+	files := gittree.Files{"docs/other.md": gittree.Regular("nothing here\n")}
+	for i := range 3 {
+		files[fmt.Sprintf("docs/copy-%d.md", i)] = leaked
+	}
+	fsys := &countingTree{TreeFS: gitsource.NewTreeFS(gittree.New(t, files))}
+	leaks, err := ScanFS(fsys, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var at []string
+	for _, l := range leaks {
+		if l.Line != 2 || l.Column != 10 || l.Fingerprint != tok.Hash().Fingerprint() {
+			t.Errorf("leak %+v, want line 2, column 10 and the token's fingerprint", l)
+		}
+		at = append(at, l.File)
+	}
+	if want := []string{"docs/copy-0.md", "docs/copy-1.md", "docs/copy-2.md"}; !slices.Equal(at, want) {
+		t.Fatalf("leaks at %v, want %v", at, want)
+	}
+	if fsys.opened != 2 {
+		t.Fatalf("the scan opened %d files, want one for each of the 2 contents", fsys.opened)
 	}
 }
