@@ -94,13 +94,7 @@ func TestGitReadsTheNotes(t *testing.T) {
 // A notes tree that git has fanned out into ab/cdef... directories is read, and
 // written back in place, where git looks for it.
 func TestFannedOutNotes(t *testing.T) {
-	srv := gitserver.Start(t)
-	repo := srv.NewRepo(t, "fleet", "")
-	c := repo.Commit("main", "add a cluster", map[string][]byte{"clusters/a/cluster.yaml": []byte("name: a\n")})
-
-	dir := t.TempDir()
-	git(t, dir, "init", "-q")
-	git(t, dir, "fetch", "-q", repo.URL(), "main")
+	repo, c, dir := repoWithAClone(t)
 	note := `{"statuses":{"flotilla/a":{"state":"pending","description":"waiting","updated":"2026-01-01T00:00:00Z","count":1}}}`
 	blob := gitIn(t, dir, note, "hash-object", "-w", "--stdin")
 	inner := gitIn(t, dir, fmt.Sprintf("100644 blob %s\t%s\n", blob, c[4:]), "mktree")
@@ -127,6 +121,18 @@ func TestFannedOutNotes(t *testing.T) {
 	if paths := git(t, dir, "ls-tree", "-r", "--name-only", "refs/notes/flotilla"); paths != c[:2]+"/"+c[2:4]+"/"+c[4:] {
 		t.Fatalf("notes tree holds %q, want the note left at its fanned-out path", paths)
 	}
+}
+
+// repoWithAClone is a repository of one commit, c, and a git repository in dir that
+// fetched it, to write notes with git itself.
+func repoWithAClone(t *testing.T) (repo *gitserver.Repo, c, dir string) {
+	t.Helper()
+	repo = gitserver.Start(t).NewRepo(t, "fleet", "")
+	c = repo.Commit("main", "add a cluster", map[string][]byte{"clusters/a/cluster.yaml": []byte("name: a\n")})
+	dir = t.TempDir()
+	git(t, dir, "init", "-q")
+	git(t, dir, "fetch", "-q", repo.URL(), "main")
+	return repo, c, dir
 }
 
 func gitIn(t *testing.T, dir, stdin string, args ...string) string {
@@ -275,13 +281,7 @@ func TestAWriterHoldsOnlyTheNewestNotes(t *testing.T) {
 // note goes one level down, so that setting a status does not write a tree of every
 // commit ever noted. Git reads the notes at either level.
 func TestAFullNotesTreeFansOutNewNotes(t *testing.T) {
-	srv := gitserver.Start(t)
-	repo := srv.NewRepo(t, "fleet", "")
-	c := repo.Commit("main", "add a cluster", map[string][]byte{"clusters/a/cluster.yaml": []byte("name: a\n")})
-
-	dir := t.TempDir()
-	git(t, dir, "init", "-q")
-	git(t, dir, "fetch", "-q", repo.URL(), "main")
+	repo, c, dir := repoWithAClone(t)
 	note := `{"statuses":{"flotilla/a":{"state":"pending","description":"older","updated":"2026-01-01T00:00:00Z","count":1}}}`
 	blob := gitIn(t, dir, note, "hash-object", "-w", "--stdin")
 	var flat strings.Builder
