@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
@@ -105,5 +107,67 @@ func TestARevertIsWrittenThoughTheCacheShowsItAlready(t *testing.T) {
 	}
 	if got := counter.snapshot().minus(before); got.total() != 0 {
 		t.Fatalf("records that change nothing, with the cache caught up, made %s", got)
+	}
+}
+
+// A record tells whoever waits on the status as its write leaves. A View in answer
+// can find the cache showing that write already, before the API server's answer reached
+// the writer: it reads the cache, with the record's facts on top, and not the API
+// server, which in a fleet-wide change would be one read for each cluster.
+func TestAViewWhileItsRecordIsAnsweredReadsTheCache(t *testing.T) {
+	ctx := t.Context()
+	ns := fmt.Sprintf("tenant-lagging-cache-%d", worlds.Add(1))
+	if err := admin().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	wc := &v1alpha1.WorkerCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gpu-a"},
+		Spec: v1alpha1.WorkerClusterSpec{Region: "us-east1", Residency: "us", Preset: "gpu"}}
+	if err := admin().Create(ctx, wc); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(wc)
+	counter := &requestCounter{}
+	plain, err := client.NewWithWatch(countingConfig(counter), client.Options{Scheme: newScheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := &laggingCache{objs: map[client.ObjectKey]*v1alpha1.WorkerCluster{}}
+	var w *conditions.Writer
+	var answering atomic.Bool
+	var view *v1alpha1.WorkerCluster
+	var made requests
+	c := interceptor.NewClient(plain, interceptor.Funcs{
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if err := c.SubResource(sub).Patch(ctx, obj, patch, opts...); err != nil || !answering.Load() {
+				return err
+			}
+			// The watch event is here before the answer reaches the writer.
+			cache.catchUp(t, key)
+			before := counter.snapshot()
+			var err error
+			if view, err = w.View(ctx, key); err != nil {
+				t.Error(err)
+			}
+			made = counter.snapshot().minus(before)
+			return nil
+		}})
+	w = conditions.NewWriterWith(c, conditions.WriterOptions{Reader: cache})
+
+	if _, err := w.Record(ctx, key, conditions.Desired{Hash: "sha256:a"}); err != nil {
+		t.Fatal(err)
+	}
+	cache.catchUp(t, key)
+	if _, err := w.View(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	answering.Store(true)
+	if _, err := w.Record(ctx, key, conditions.Desired{Hash: "sha256:b"}); err != nil {
+		t.Fatal(err)
+	}
+	if view == nil || view.Status.DesiredHash != "sha256:b" {
+		t.Fatalf("the View during the record shows %+v, want the record's desired hash", view)
+	}
+	if made.total() != 0 {
+		t.Fatalf("the View during the record made %s", made)
 	}
 }
