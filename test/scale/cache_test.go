@@ -52,22 +52,28 @@ func (l *laggingCache) List(context.Context, client.ObjectList, ...client.ListOp
 	panic("the status writer lists nothing")
 }
 
+// aWorkerClusterOfItsOwn creates a WorkerCluster in a namespace of its own.
+func aWorkerClusterOfItsOwn(t *testing.T) client.ObjectKey {
+	t.Helper()
+	ns := fmt.Sprintf("tenant-lagging-cache-%d", worlds.Add(1))
+	if err := admin().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	wc := &v1alpha1.WorkerCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gpu-a"},
+		Spec: v1alpha1.WorkerClusterSpec{Region: "us-east1", Residency: "us", Preset: "gpu"}}
+	if err := admin().Create(t.Context(), wc); err != nil {
+		t.Fatal(err)
+	}
+	return client.ObjectKeyFromObject(wc)
+}
+
 // The status writer reads the hub's cache, which may not yet show the writer's own last
 // write. A record that puts back what that stale copy shows must still be written: the
 // API server holds something else by then. And a record that changes nothing costs no
 // request at all once the cache caught up.
 func TestARevertIsWrittenThoughTheCacheShowsItAlready(t *testing.T) {
 	ctx := t.Context()
-	ns := fmt.Sprintf("tenant-lagging-cache-%d", worlds.Add(1))
-	if err := admin().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
-	wc := &v1alpha1.WorkerCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gpu-a"},
-		Spec: v1alpha1.WorkerClusterSpec{Region: "us-east1", Residency: "us", Preset: "gpu"}}
-	if err := admin().Create(ctx, wc); err != nil {
-		t.Fatal(err)
-	}
-	key := client.ObjectKeyFromObject(wc)
+	key := aWorkerClusterOfItsOwn(t)
 	counter := &requestCounter{}
 	cfg := countingConfig(counter)
 	c, err := client.New(cfg, client.Options{Scheme: newScheme(t)})
@@ -116,16 +122,7 @@ func TestARevertIsWrittenThoughTheCacheShowsItAlready(t *testing.T) {
 // server, which in a fleet-wide change would be one read for each cluster.
 func TestAViewWhileItsRecordIsAnsweredReadsTheCache(t *testing.T) {
 	ctx := t.Context()
-	ns := fmt.Sprintf("tenant-lagging-cache-%d", worlds.Add(1))
-	if err := admin().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
-	wc := &v1alpha1.WorkerCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gpu-a"},
-		Spec: v1alpha1.WorkerClusterSpec{Region: "us-east1", Residency: "us", Preset: "gpu"}}
-	if err := admin().Create(ctx, wc); err != nil {
-		t.Fatal(err)
-	}
-	key := client.ObjectKeyFromObject(wc)
+	key := aWorkerClusterOfItsOwn(t)
 	counter := &requestCounter{}
 	plain, err := client.NewWithWatch(countingConfig(counter), client.Options{Scheme: newScheme(t)})
 	if err != nil {
