@@ -439,7 +439,7 @@ func (w *Writer) View(ctx context.Context, key client.ObjectKey) (*v1alpha1.Work
 		facts = append(facts, d.facts...)
 	}
 	w.mu.Unlock()
-	wc, err := w.readView(ctx, key)
+	wc, err := w.readFor(ctx, key, true, true)
 	if err != nil {
 		return nil, err
 	}
@@ -479,27 +479,15 @@ func (w *Writer) read(ctx context.Context, key client.ObjectKey, cached bool) (*
 	return w.readFor(ctx, key, cached, false)
 }
 
-// recordingNow reports whether a record of key is under way; the caller holds w.mu.
-func (w *Writer) recordingNow(key client.ObjectKey) bool {
-	_, ok := w.recording[key]
-	return ok
-}
-
-// readView is read for View, which takes no lock: a record of key may be under way.
-// Such a record's write can reach the cache before its answer reaches the Writer, so
-// the cache then differs from the last state the Writer knows, which the cache had
-// shown already. View lays that record's facts over what it reads either way, so the
-// cache serves it then, where it would read the API server.
-func (w *Writer) readView(ctx context.Context, key client.ObjectKey) (*v1alpha1.WorkerCluster, error) {
-	return w.readFor(ctx, key, true, true)
-}
-
+// readFor is read, for View when view is set: View takes no lock, so a record of key
+// may be under way meanwhile.
 func (w *Writer) readFor(ctx context.Context, key client.ObjectKey, cached, view bool) (*v1alpha1.WorkerCluster, error) {
 	if cached && w.reader != nil {
 		wc := new(v1alpha1.WorkerCluster)
 		err := w.reader.Get(ctx, key, wc)
 		w.mu.Lock()
 		k := w.known[key]
+		_, recording := w.recording[key]
 		switch {
 		case err == nil && k == nil:
 			// Nothing stored since the Writer started: the cache, synced at the start,
@@ -515,7 +503,10 @@ func (w *Writer) readFor(ctx context.Context, key client.ObjectKey, cached, view
 			out := k.copy.DeepCopy()
 			w.mu.Unlock()
 			return out, nil
-		case err == nil && view && w.recordingNow(key):
+		case err == nil && view && recording:
+			// That record's write can reach the cache before its answer reaches the
+			// Writer, which then knows only the state before, which the cache had
+			// shown. View lays the record's facts over what it reads either way.
 			w.mu.Unlock()
 			return wc, nil
 		}

@@ -128,12 +128,13 @@ func (m *meter) cluster() *meter {
 	return &meter{budget: Budget{MaxBytes: m.budget.MaxClusterBytes, MaxFiles: m.budget.MaxClusterFiles, MaxDepth: m.budget.MaxDepth}, head: m}
 }
 
-// what names the reader a budget is set for in its errors.
-func (m *meter) what() (string, string) {
+// names are how errors name what m reads and its budgets of files and bytes, as the
+// hub's configuration names them without their "max".
+func (m *meter) names() (who, files, bytes string) {
 	if m.head != nil {
-		return "cluster directory", "cluster"
+		return "cluster directory", "clusterFiles", "clusterBytes"
 	}
-	return "head", ""
+	return "head", "files", "bytes"
 }
 
 // list charges the n entries listed in dir, before any of them is looked at.
@@ -142,10 +143,10 @@ func (m *meter) list(dir string, n int) bool {
 		return false
 	}
 	if m.used.files+n > m.budget.MaxFiles {
-		who, budget := m.what()
+		who, files, _ := m.names()
 		m.broken = &Error{File: dir, Message: fmt.Sprintf(
 			"the %s holds more than %d files, directories and symbolic links followed, the most the hub reads of one %s (budget %s)",
-			who, m.budget.MaxFiles, who, budgetName(budget, "files"))}
+			who, m.budget.MaxFiles, who, files)}
 		return false
 	}
 	if m.head != nil && !m.head.list(dir, n) {
@@ -162,7 +163,7 @@ func (m *meter) depth(p string) bool {
 		return false
 	}
 	if strings.Count(p, "/")+1 > m.budget.MaxDepth {
-		who, _ := m.what()
+		who, _, _ := m.names()
 		m.broken = &Error{File: p, Message: fmt.Sprintf(
 			"the %s nests paths more than %d deep, the most the hub reads (budget depth)", who, m.budget.MaxDepth)}
 		return false
@@ -176,10 +177,10 @@ func (m *meter) read(p string, size int64) bool {
 		return false
 	}
 	if m.used.bytes+size > m.budget.MaxBytes {
-		who, budget := m.what()
+		who, _, bytes := m.names()
 		m.broken = &Error{File: p, Message: fmt.Sprintf(
 			"the %s's files add up to more than %d bytes (%s), the most the hub reads of one %s (budget %s); every path counts, also paths to content already read",
-			who, m.budget.MaxBytes, mebibytes(m.budget.MaxBytes), who, budgetName(budget, "bytes"))}
+			who, m.budget.MaxBytes, mebibytes(m.budget.MaxBytes), who, bytes)}
 		return false
 	}
 	if m.head != nil && !m.head.read(p, size) {
@@ -188,15 +189,6 @@ func (m *meter) read(p string, size int64) bool {
 	}
 	m.used.bytes += size
 	return true
-}
-
-// budgetName is the name of a budget's field in the hub's configuration, maxBytes or
-// maxClusterBytes, without its "max".
-func budgetName(scope, field string) string {
-	if scope == "" {
-		return field
-	}
-	return scope + strings.ToUpper(field[:1]) + field[1:]
 }
 
 func mebibytes(n int64) string {

@@ -339,7 +339,6 @@ func (f *Fleet) readCluster(fsys fs.FS, name string, m *meter) *Cluster {
 	c := &Cluster{Name: name, Dir: path.Join(ClustersDir, name), Files: map[string][]byte{}}
 	f.Clusters[name] = c
 	e := errs{file: c.Dir, cluster: name, list: &c.Errors}
-	before := m.used
 	cm := m.cluster()
 	readTree(fsys, c.Dir, e, c.Files, cm, &c.linked)
 	if len(c.linked) > 0 {
@@ -348,7 +347,8 @@ func (f *Fleet) readCluster(fsys fs.FS, name string, m *meter) *Cluster {
 		}
 		f.linking[name] = true
 	}
-	c.used = usage{files: m.used.files - before.files, bytes: m.used.bytes - before.bytes}
+	// What the directory's meter charged, the head's charged too.
+	c.used = cm.used
 	if cm.broken != nil && m.broken == nil {
 		broken := *cm.broken
 		broken.Cluster = name

@@ -73,14 +73,14 @@ func (s *Source) publishDeferred(ctx context.Context, name string) error {
 func (s *Source) publish(ctx context.Context, wc *v1alpha1.WorkerCluster) {
 	name := wc.Name
 	s.mu.Lock()
-	uid, gone := s.gone[name]
-	if gone && uid != wc.UID {
-		delete(s.gone, name)
+	if uid, gone := s.gone[name]; gone {
+		if uid == wc.UID {
+			s.mu.Unlock()
+			return
+		}
+		delete(s.gone, name) // added back: another WorkerCluster
 	}
 	s.mu.Unlock()
-	if gone && uid == wc.UID {
-		return
-	}
 	st := conditions.CommitStatus(s.context(name), wc)
 	s.post(ctx, sourceOf(wc).Commit, st)
 	s.mu.Lock()

@@ -27,6 +27,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/revlist"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	"github.com/go-git/go-git/v5/storage/memory"
 
@@ -132,16 +133,23 @@ func (b *Backend) keepNewest(head plumbing.Hash) error {
 	if head.IsZero() || (len(b.store.Objects) <= 2*b.kept+keepSlack && b.written <= keepBytes) {
 		return nil
 	}
-	st := memory.NewStorage()
-	if err := b.copyObject(st, head, plumbing.CommitObject); err != nil {
-		return err
-	}
 	c, err := b.repo.CommitObject(head)
 	if err != nil {
 		return fmt.Errorf("gitnotes: %s at %s: %w", b.opts.Ref, head, err)
 	}
-	if err := b.copyTree(st, c.TreeHash); err != nil {
-		return err
+	newest, err := revlist.Objects(b.repo.Storer, []plumbing.Hash{c.TreeHash}, nil)
+	if err != nil {
+		return fmt.Errorf("gitnotes: tree of %s at %s: %w", b.opts.Ref, head, err)
+	}
+	st := memory.NewStorage()
+	for _, h := range append(newest, head) {
+		o, err := b.repo.Storer.EncodedObject(plumbing.AnyObject, h)
+		if err != nil {
+			return fmt.Errorf("gitnotes: %s at %s: %w", b.opts.Ref, head, err)
+		}
+		if _, err := st.SetEncodedObject(o); err != nil {
+			return fmt.Errorf("gitnotes: %w", err)
+		}
 	}
 	if err := st.SetShallow([]plumbing.Hash{head}); err != nil {
 		return fmt.Errorf("gitnotes: %w", err)
@@ -158,37 +166,6 @@ const (
 	keepSlack = 64
 	keepBytes = 64 << 20
 )
-
-func (b *Backend) copyObject(st *memory.Storage, h plumbing.Hash, t plumbing.ObjectType) error {
-	o, err := b.repo.Storer.EncodedObject(t, h)
-	if err != nil {
-		return fmt.Errorf("gitnotes: %s %s of %s: %w", t, h, b.opts.Ref, err)
-	}
-	_, err = st.SetEncodedObject(o)
-	return err
-}
-
-func (b *Backend) copyTree(st *memory.Storage, h plumbing.Hash) error {
-	if err := b.copyObject(st, h, plumbing.TreeObject); err != nil {
-		return err
-	}
-	t, err := b.repo.TreeObject(h)
-	if err != nil {
-		return fmt.Errorf("gitnotes: tree %s of %s: %w", h, b.opts.Ref, err)
-	}
-	for _, e := range t.Entries {
-		switch {
-		case e.Mode == filemode.Dir:
-			err = b.copyTree(st, e.Hash)
-		case e.Mode.IsFile():
-			err = b.copyObject(st, e.Hash, plumbing.BlobObject)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // Canonical is st itself: a note has no length limit and keeps all four states.
 func (b *Backend) Canonical(st commitstatus.Status) commitstatus.Status { return st }
