@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/reconciler/keylock"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
@@ -63,6 +65,10 @@ type Dispatcher struct {
 	mu       sync.Mutex
 	appliers map[string]*apply.Applier   // by tenant
 	keys     map[string]client.ObjectKey // WorkerCluster by identity
+	// judged is the resourceVersion of the newest MultiKueueCluster whose judgement was
+	// recorded, by identity; judging takes one judgement of an identity at a time.
+	judged  map[string]string
+	judging keylock.Locks[string]
 }
 
 // New checks the options.
@@ -76,7 +82,7 @@ func New(opts Options) (*Dispatcher, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Dispatcher{opts: opts, appliers: map[string]*apply.Applier{}, keys: map[string]client.ObjectKey{}}, nil
+	return &Dispatcher{opts: opts, appliers: map[string]*apply.Applier{}, keys: map[string]client.ObjectKey{}, judged: map[string]string{}}, nil
 }
 
 // WorkerOf is the dispatch view of a WorkerCluster.
@@ -301,13 +307,25 @@ const judgedRetry = 10 * time.Second
 // Judged carries Kueue's judgement of a MultiKueueCluster over to its WorkerCluster.
 // Call it for every change of a MultiKueueCluster the hub sees, with a context that
 // lives as long as the hub: Kueue says a judgement once, so one the hub cluster refused
-// is tried again (judgedRetry) until stored or ctx ends.
+// is tried again (judgedRetry) until stored or ctx ends. A MultiKueueCluster older than
+// one already judged is passed over: Sync's read of it can reach here after the watch
+// brought Kueue's next judgement, which nothing would then bring back.
 func (d *Dispatcher) Judged(ctx context.Context, mc *kueue.MultiKueueCluster) error {
 	identity := mc.Labels[v1alpha1.WorkerClusterLabel]
+	if mc.Labels[v1alpha1.ManagedByLabel] != v1alpha1.ManagedByValue {
+		return nil
+	}
+	unlock := d.judging.Lock(identity)
+	defer unlock()
 	d.mu.Lock()
 	key, ok := d.keys[identity]
+	newest := d.judged[identity]
+	stale := ok && olderVersion(mc.ResourceVersion, newest)
+	if ok && !stale {
+		d.judged[identity] = mc.ResourceVersion
+	}
 	d.mu.Unlock()
-	if !ok || mc.Labels[v1alpha1.ManagedByLabel] != v1alpha1.ManagedByValue {
+	if !ok || stale {
 		return nil
 	}
 	var active *v1alpha1.KueueCondition
@@ -321,4 +339,12 @@ func (d *Dispatcher) Judged(ctx context.Context, mc *kueue.MultiKueueCluster) er
 		return nil
 	}
 	return err
+}
+
+// olderVersion reports whether resourceVersion a is older than b. The API server's
+// versions of one resource are ordered integers, as Kubernetes promises since 1.35
+// (KEP-5504); versions that are not, as another storage may give, are taken as not older.
+func olderVersion(a, b string) bool {
+	c, err := resourceversion.CompareResourceVersion(a, b)
+	return err == nil && c < 0
 }

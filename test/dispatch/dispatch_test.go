@@ -40,6 +40,7 @@ func TestDispatchThroughTheTunnel(t *testing.T) {
 		{"another tenant's job never reaches this tenant's workers", w.testTenantsStayApart},
 		{"a cordon keeps the running job and holds the next one on the hub", w.testCordonKeepsRunningWork},
 		{"a judgement of Kueue's that the hub cluster refused to store is stored by the retry", w.testARefusedJudgementIsRetried},
+		{"a MultiKueueCluster read before Kueue's newest judgement does not go over it", w.testAnOlderJudgementIsPassedOver},
 		{"a tunnel blip within the resume window keeps a job admitted before workerLostTimeout", w.testTunnelBlipIsInvisible},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -330,6 +331,40 @@ func (w *world) testARefusedJudgementIsRetried(t *testing.T) {
 	wc := w.dispatchReady(t, eu, metav1.ConditionFalse, "ClientConnectionFailed")
 	if c := apimeta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionDispatchReady); !strings.Contains(c.Message, message) {
 		t.Errorf("DispatchReady says %q, not Kueue's judgement", c.Message)
+	}
+}
+
+// testAnOlderJudgementIsPassedOver hands the dispatcher, after Kueue's judgement of the
+// worker, the MultiKueueCluster as a read from before that judgement returned it: no
+// Active condition, an older resourceVersion. The hub's Sync reads the
+// MultiKueueClusters it has no judgement of, and that read can reach the dispatcher
+// after the watch brought Kueue's judgement. Kueue says a judgement once, so the cluster
+// would wait for the hub's Kueue until the hub's next resync.
+func (w *world) testAnOlderJudgementIsPassedOver(t *testing.T) {
+	ctx := t.Context()
+	eu := w.worker("gpu-eu")
+	var real kueue.MultiKueueCluster
+	if err := w.hub.Client.Get(ctx, client.ObjectKey{Name: eu.identity}, &real); err != nil {
+		t.Fatal(err)
+	}
+	before := real.DeepCopy()
+	// Older than any version Kueue's judgement can have: the first one there is.
+	before.ResourceVersion = "1"
+	before.Status.Conditions = nil
+	t.Cleanup(func() {
+		if err := w.dispatcher.Judged(context.WithoutCancel(ctx), &real); err != nil {
+			t.Errorf("handing Kueue's own judgement back: %v", err)
+		}
+		w.dispatchReady(t, eu, metav1.ConditionTrue, v1alpha1.ReasonDispatchable)
+	})
+
+	if err := w.dispatcher.Judged(ctx, before); err != nil {
+		t.Fatal(err)
+	}
+	// Judged records before it returns: what it recorded is stored now.
+	wc := w.workerCluster(t, eu)
+	if c := apimeta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionDispatchReady); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("after an older read of its MultiKueueCluster, %s's DispatchReady is %+v, want True as Kueue judged", eu.name, c)
 	}
 }
 
