@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
@@ -69,6 +70,11 @@ type Dispatcher struct {
 	// recorded, by identity; judging takes one judgement of an identity at a time.
 	judged  map[string]string
 	judging keylock.Locks[string]
+	// unreachable is, by identity, since when Kueue judges the worker unreachable, and
+	// redialled the agent's connection that Kueue was last asked to try it again for
+	// (Redial).
+	unreachable map[string]time.Time
+	redialled   map[string]string
 }
 
 // New checks the options.
@@ -82,7 +88,8 @@ func New(opts Options) (*Dispatcher, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Dispatcher{opts: opts, appliers: map[string]*apply.Applier{}, keys: map[string]client.ObjectKey{}, judged: map[string]string{}}, nil
+	return &Dispatcher{opts: opts, appliers: map[string]*apply.Applier{}, keys: map[string]client.ObjectKey{}, judged: map[string]string{},
+		unreachable: map[string]time.Time{}, redialled: map[string]string{}}, nil
 }
 
 // WorkerOf is the dispatch view of a WorkerCluster.
@@ -317,28 +324,75 @@ func (d *Dispatcher) Judged(ctx context.Context, mc *kueue.MultiKueueCluster) er
 	}
 	unlock := d.judging.Lock(identity)
 	defer unlock()
+	active := meta.FindStatusCondition(mc.Status.Conditions, kueue.MultiKueueClusterActive)
 	d.mu.Lock()
 	key, ok := d.keys[identity]
-	newest := d.judged[identity]
-	stale := ok && olderVersion(mc.ResourceVersion, newest)
+	stale := ok && olderVersion(mc.ResourceVersion, d.judged[identity])
 	if ok && !stale {
 		d.judged[identity] = mc.ResourceVersion
+		if active != nil && active.Status != metav1.ConditionTrue {
+			d.unreachable[identity] = active.LastTransitionTime.Time
+		} else {
+			delete(d.unreachable, identity)
+		}
 	}
 	d.mu.Unlock()
 	if !ok || stale {
 		return nil
 	}
-	var active *v1alpha1.KueueCondition
-	for _, c := range mc.Status.Conditions {
-		if c.Type == kueue.MultiKueueClusterActive {
-			active = &v1alpha1.KueueCondition{Status: c.Status, Reason: c.Reason, Message: c.Message}
-		}
+	var judged *v1alpha1.KueueCondition
+	if active != nil {
+		judged = &v1alpha1.KueueCondition{Status: active.Status, Reason: active.Reason, Message: active.Message}
 	}
-	_, err := d.opts.Status.RecordOrRetry(ctx, ctx, key, judgedRetry, conditions.KueueJudged{Active: active})
+	_, err := d.opts.Status.RecordOrRetry(ctx, ctx, key, judgedRetry, conditions.KueueJudged{Active: judged})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
 	return err
+}
+
+// Redial has the hub's Kueue try wc's worker again at once when its agent connected
+// since Kueue judged the worker unreachable. Kueue retries a worker it cannot reach
+// after a wait that doubles up to 5 min 20 s: without this, a worker whose agent was
+// away for minutes would wait about as long again after its return before taking work.
+// It writes the connection's start on the MultiKueueCluster (AgentConnectedAnnotation),
+// once per connection; a change of the object makes Kueue reconcile it. An agent that
+// was connected when Kueue judged is not what Kueue failed on: its retries are left be.
+func (d *Dispatcher) Redial(ctx context.Context, wc *v1alpha1.WorkerCluster) error {
+	s := wc.Status.Dispatch
+	if s == nil || s.Active == nil || s.Active.Status == metav1.ConditionTrue ||
+		(s.Placement != v1alpha1.PlacementMember && s.Placement != v1alpha1.PlacementDraining) {
+		return nil
+	}
+	connected := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
+	if connected == nil || connected.Status != metav1.ConditionTrue {
+		return nil
+	}
+	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
+	since := connected.LastTransitionTime.UTC().Format(time.RFC3339)
+	d.mu.Lock()
+	unreachable, judged := d.unreachable[identity]
+	done := d.redialled[identity] == since
+	d.mu.Unlock()
+	if !judged || done || connected.LastTransitionTime.Time.Before(unreachable) {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{v1alpha1.AgentConnectedAnnotation: since}}})
+	if err != nil {
+		return err
+	}
+	mc := &kueue.MultiKueueCluster{ObjectMeta: metav1.ObjectMeta{Name: identity}}
+	if err := d.opts.Client.Patch(ctx, mc, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(FieldManager)); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil // not a member (yet): Kueue tries a new one at once
+		}
+		return fmt.Errorf("asking Kueue to try worker %s again: MultiKueueCluster %s: %w", identity, identity, err)
+	}
+	d.mu.Lock()
+	d.redialled[identity] = since
+	d.mu.Unlock()
+	d.opts.Log.Info("the agent is back: asked the hub's Kueue to try the worker again now", "identity", identity, "connectedSince", since, "kueueSays", s.Active.Message)
+	return nil
 }
 
 // olderVersion reports whether resourceVersion a is older than b. The API server's

@@ -25,5 +25,6 @@
 //
 // What dispatch learns, the placement of each cluster and Kueue's judgement of its
 // MultiKueueCluster, it records as facts (reconciler/conditions), which derive
-// DispatchReady.
+// DispatchReady. Kueue retries a worker it cannot reach after a wait that doubles up to
+// minutes; when the worker's agent comes back, Redial has Kueue try at once.
 package dispatch

@@ -15,6 +15,9 @@ type Dispatcher interface {
 	// PlacedOn counts the unfinished workloads of the namespaces that the hub's Kueue
 	// placed on the identity's worker.
 	PlacedOn(ctx context.Context, namespaces []string, identity string) (int, error)
+	// Redial has the hub's Kueue try the cluster's worker again at once, if its agent is
+	// connected and Kueue judged the worker unreachable.
+	Redial(ctx context.Context, wc *v1alpha1.WorkerCluster) error
 }
 
 // dispatchResync is how often a tenant's hub Kueue objects are applied again without

@@ -44,13 +44,18 @@ func (s *Source) refresh(ctx context.Context, name string) error {
 		return s.maybeFinishDecommission(ctx, wc)
 	}
 	s.publish(ctx, wc)
+	var redialErr error
+	if d := s.hub.opts.Dispatch; d != nil {
+		// Failed, it is tried again with the refresh.
+		redialErr = d.Redial(ctx, wc)
+	}
 	// Deriving again catches a spec the hub moved on since the agent's last report. A
 	// record under way derives as it writes; one that waits for the hub's request budget
 	// must not hold this worker, so the cluster is refreshed again once it is done.
 	if err := status.RecordIfIdle(ctx, key); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	return nil
+	return redialErr
 }
 
 // publishDeferred publishes the cluster named name as the status writer shows it with

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -42,6 +43,7 @@ func TestDispatchThroughTheTunnel(t *testing.T) {
 		{"a judgement of Kueue's that the hub cluster refused to store is stored by the retry", w.testARefusedJudgementIsRetried},
 		{"a MultiKueueCluster read before Kueue's newest judgement does not go over it", w.testAnOlderJudgementIsPassedOver},
 		{"a tunnel blip within the resume window keeps a job admitted before workerLostTimeout", w.testTunnelBlipIsInvisible},
+		{"an agent back after an outage past the resume window is dispatched to at once, not at Kueue's next try", w.testAnAgentBackAfterAnOutageIsDispatchedToAtOnce},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w.allDispatchable(t)
@@ -297,12 +299,8 @@ func (w *world) testTunnelBlipIsInvisible(t *testing.T) {
 func (w *world) testARefusedJudgementIsRetried(t *testing.T) {
 	ctx := t.Context()
 	eu := w.worker("gpu-eu")
-	var real kueue.MultiKueueCluster
-	if err := w.hub.Client.Get(ctx, client.ObjectKey{Name: eu.identity}, &real); err != nil {
-		t.Fatal(err)
-	}
+	judged := w.kueuesJudgement(t, eu)
 	const message = "the test says the worker's API is unreachable"
-	judged := real.DeepCopy()
 	apimeta.SetStatusCondition(&judged.Status.Conditions, metav1.Condition{Type: kueue.MultiKueueClusterActive, Status: metav1.ConditionFalse,
 		Reason: "ClientConnectionFailed", Message: message})
 	var refused atomic.Int32
@@ -317,13 +315,7 @@ func (w *world) testARefusedJudgementIsRetried(t *testing.T) {
 		return apierrors.NewServiceUnavailable("the hub cluster is restarting")
 	}
 	w.refusing.Store(&refuse)
-	t.Cleanup(func() {
-		w.refusing.Store(nil)
-		if err := w.dispatcher.Judged(context.WithoutCancel(ctx), &real); err != nil {
-			t.Errorf("handing Kueue's own judgement back: %v", err)
-		}
-		w.dispatchReady(t, eu, metav1.ConditionTrue, v1alpha1.ReasonDispatchable)
-	})
+	t.Cleanup(func() { w.refusing.Store(nil) })
 
 	if err := w.dispatcher.Judged(ctx, judged); !apierrors.IsServiceUnavailable(err) {
 		t.Fatalf("the judgement's first write: %v, want it refused", err)
@@ -341,24 +333,12 @@ func (w *world) testARefusedJudgementIsRetried(t *testing.T) {
 // after the watch brought Kueue's judgement. Kueue says a judgement once, so the cluster
 // would wait for the hub's Kueue until the hub's next resync.
 func (w *world) testAnOlderJudgementIsPassedOver(t *testing.T) {
-	ctx := t.Context()
 	eu := w.worker("gpu-eu")
-	var real kueue.MultiKueueCluster
-	if err := w.hub.Client.Get(ctx, client.ObjectKey{Name: eu.identity}, &real); err != nil {
-		t.Fatal(err)
-	}
-	before := real.DeepCopy()
+	before := w.kueuesJudgement(t, eu)
 	// Older than any version Kueue's judgement can have: the first one there is.
 	before.ResourceVersion = "1"
 	before.Status.Conditions = nil
-	t.Cleanup(func() {
-		if err := w.dispatcher.Judged(context.WithoutCancel(ctx), &real); err != nil {
-			t.Errorf("handing Kueue's own judgement back: %v", err)
-		}
-		w.dispatchReady(t, eu, metav1.ConditionTrue, v1alpha1.ReasonDispatchable)
-	})
-
-	if err := w.dispatcher.Judged(ctx, before); err != nil {
+	if err := w.dispatcher.Judged(t.Context(), before); err != nil {
 		t.Fatal(err)
 	}
 	// Judged records before it returns: what it recorded is stored now.
@@ -366,6 +346,85 @@ func (w *world) testAnOlderJudgementIsPassedOver(t *testing.T) {
 	if c := apimeta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionDispatchReady); c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("after an older read of its MultiKueueCluster, %s's DispatchReady is %+v, want True as Kueue judged", eu.name, c)
 	}
+}
+
+// testAnAgentBackAfterAnOutageIsDispatchedToAtOnce keeps the agent away past the
+// proxy's resume window, until Kueue, which tries a worker it cannot reach again after a
+// wait that doubles each time, waits 80 s for its next try. The agent then comes back,
+// and the cluster must take work again before that try, as the hub has Kueue try at
+// once: a cluster that was away for minutes would otherwise wait up to five more.
+func (w *world) testAnAgentBackAfterAnOutageIsDispatchedToAtOnce(t *testing.T) {
+	eu := w.worker("gpu-eu")
+	w.cutAgent(eu)
+	back := false
+	t.Cleanup(func() {
+		if !back {
+			w.startAgent(eu)
+		}
+	})
+	poll.Until(t, "Kueue finds the worker unreachable once the proxy's resume window is over", func() (bool, string) {
+		c := w.activeCondition(t, eu)
+		return c.Status == metav1.ConditionFalse, fmt.Sprintf("Active=%s %s: %s", c.Status, c.Reason, c.Message)
+	})
+	// Kueue's own word on its next try, from its log; each wait within poll's deadline.
+	var nextTry time.Time
+	for _, wait := range []time.Duration{40 * time.Second, 80 * time.Second} {
+		poll.Until(t, fmt.Sprintf("Kueue waits %s for its next try", wait), func() (bool, string) {
+			at, after, ok := lastRetry(w.hubKueueLog.String(), eu.identity)
+			if !ok {
+				return false, "no failed try in Kueue's log"
+			}
+			nextTry = at.Add(after)
+			return after >= wait, fmt.Sprintf("its last failed try waits %s", after)
+		})
+	}
+	back = true
+	w.startAgent(eu)
+	w.dispatchReady(t, eu, metav1.ConditionTrue, v1alpha1.ReasonDispatchable)
+	if now := time.Now(); !now.Before(nextTry) {
+		t.Errorf("%s took work again at %s, after Kueue's own next try at %s: the agent's return did not make Kueue try at once",
+			eu.name, now.Format(time.RFC3339), nextTry.Format(time.RFC3339))
+	}
+}
+
+// lastRetry finds, in the output of Kueue's manager, its latest failed try to reach the
+// worker identity: when it was, and how long Kueue waits before the next.
+func lastRetry(log, identity string) (at time.Time, after time.Duration, ok bool) {
+	for line := range strings.Lines(log) {
+		var e struct {
+			TS         string   `json:"ts"`
+			Msg        string   `json:"msg"`
+			Name       string   `json:"name"`
+			RetryAfter *float64 `json:"retryAfter"` // seconds
+		}
+		if json.Unmarshal([]byte(line), &e) != nil || e.Msg != "setting client config" || e.Name != identity || e.RetryAfter == nil {
+			continue
+		}
+		ts, err := time.Parse(time.RFC3339Nano, e.TS)
+		if err != nil {
+			continue
+		}
+		at, after, ok = ts, time.Duration(*e.RetryAfter*float64(time.Second)), true
+	}
+	return at, after, ok
+}
+
+// kueuesJudgement is Kueue's judgement of the worker, its MultiKueueCluster, for a
+// test to change and hand the dispatcher as its own. Kueue's is handed back when the
+// test ends, as Kueue has no reason to say it again.
+func (w *world) kueuesJudgement(t *testing.T, wk *worker) *kueue.MultiKueueCluster {
+	t.Helper()
+	var real kueue.MultiKueueCluster
+	if err := w.hub.Client.Get(t.Context(), client.ObjectKey{Name: wk.identity}, &real); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := w.dispatcher.Judged(context.WithoutCancel(t.Context()), &real); err != nil {
+			t.Errorf("handing Kueue's own judgement back: %v", err)
+		}
+		w.dispatchReady(t, wk, metav1.ConditionTrue, v1alpha1.ReasonDispatchable)
+	})
+	return real.DeepCopy()
 }
 
 // activeCondition is the Active condition of the worker's MultiKueueCluster on the hub.

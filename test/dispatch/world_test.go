@@ -75,7 +75,9 @@ const (
 	// would make Kueue v0.17.0 requeue their running jobs (kueue#12999).
 	workerLostTimeout = 20 * time.Second
 	// resumeWindow is the API proxy's: how long a watch waits for its agent to redial.
-	resumeWindow = time.Minute
+	// Short, so that the outage test's agent is away past it within the package's time
+	// budget; the blip test's agent is back well within it.
+	resumeWindow = 15 * time.Second
 )
 
 // fast liveness, so that a cut tunnel is noticed within a test's patience.
@@ -150,6 +152,8 @@ type world struct {
 	proxyURL   string
 	authority  *servingca.Authority
 	hubKueue   *kueuetest.Manager
+	// hubKueueLog is the hub Kueue manager's latest output.
+	hubKueueLog *logtest.Buffer
 }
 
 // newWorld starts everything for tb, which stops it all when it ends. The worlds of one
@@ -256,9 +260,8 @@ func workerClients(workers []*worker) []client.Client {
 func (w *world) startKueue() {
 	tb := w.tb
 	var g errgroup.Group
-	start := func(plane *controlplane.ControlPlane, cfg *configapi.Configuration, out **kueuetest.Manager) {
+	start := func(plane *controlplane.ControlPlane, cfg *configapi.Configuration, out **kueuetest.Manager, tail *logtest.Buffer) {
 		g.Go(func() error {
-			tail := &logtest.Buffer{Max: 256 << 10}
 			m, err := kueuetest.Start(tb.Context(), plane, kueuetest.Options{Config: cfg, Output: tail})
 			if err != nil {
 				return err
@@ -275,9 +278,10 @@ func (w *world) startKueue() {
 			return nil
 		})
 	}
-	start(w.hub, dispatch.HubKueueConfiguration(workerLostTimeout), &w.hubKueue)
+	w.hubKueueLog = &logtest.Buffer{Max: 256 << 10}
+	start(w.hub, dispatch.HubKueueConfiguration(workerLostTimeout), &w.hubKueue, w.hubKueueLog)
 	for _, wk := range w.workers {
-		start(wk.plane, dispatch.WorkerKueueConfiguration(), &wk.kueue)
+		start(wk.plane, dispatch.WorkerKueueConfiguration(), &wk.kueue, &logtest.Buffer{Max: 256 << 10})
 	}
 	if err := g.Wait(); err != nil {
 		tb.Fatal(err)

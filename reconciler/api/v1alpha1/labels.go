@@ -23,6 +23,11 @@ const (
 	PruneAnnotation = "flotilla.dev/prune"
 	PruneDisabled   = "disabled"
 
+	// AgentConnectedAnnotation on a MultiKueueCluster holds when its worker's agent last
+	// connected (RFC 3339), written when Kueue judged the worker unreachable: any change
+	// of the object makes Kueue try the worker again at once, not at its next retry.
+	AgentConnectedAnnotation = "flotilla.dev/agent-connected"
+
 	// AgentFieldManager is the field manager of everything the agent applies on a
 	// worker, its own credential Secret included: the name managedFields show.
 	AgentFieldManager = "flotilla-agent"
