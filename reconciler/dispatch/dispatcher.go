@@ -70,11 +70,9 @@ type Dispatcher struct {
 	// recorded, by identity; judging takes one judgement of an identity at a time.
 	judged  map[string]string
 	judging keylock.Locks[string]
-	// unreachable is, by identity, since when Kueue judges the worker unreachable, and
-	// redialled the agent's connection that Kueue was last asked to try it again for
-	// (Redial).
-	unreachable map[string]time.Time
-	redialled   map[string]string
+	// redialled is, by identity, the agent's connection that Kueue was last asked to
+	// try the worker again for (Redial).
+	redialled map[string]string
 }
 
 // New checks the options.
@@ -89,7 +87,7 @@ func New(opts Options) (*Dispatcher, error) {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	return &Dispatcher{opts: opts, appliers: map[string]*apply.Applier{}, keys: map[string]client.ObjectKey{}, judged: map[string]string{},
-		unreachable: map[string]time.Time{}, redialled: map[string]string{}}, nil
+		redialled: map[string]string{}}, nil
 }
 
 // WorkerOf is the dispatch view of a WorkerCluster.
@@ -330,11 +328,6 @@ func (d *Dispatcher) Judged(ctx context.Context, mc *kueue.MultiKueueCluster) er
 	stale := ok && olderVersion(mc.ResourceVersion, d.judged[identity])
 	if ok && !stale {
 		d.judged[identity] = mc.ResourceVersion
-		if active != nil && active.Status != metav1.ConditionTrue {
-			d.unreachable[identity] = active.LastTransitionTime.Time
-		} else {
-			delete(d.unreachable, identity)
-		}
 	}
 	d.mu.Unlock()
 	if !ok || stale {
@@ -342,7 +335,7 @@ func (d *Dispatcher) Judged(ctx context.Context, mc *kueue.MultiKueueCluster) er
 	}
 	var judged *v1alpha1.KueueCondition
 	if active != nil {
-		judged = &v1alpha1.KueueCondition{Status: active.Status, Reason: active.Reason, Message: active.Message}
+		judged = &v1alpha1.KueueCondition{Status: active.Status, Reason: active.Reason, Message: active.Message, LastTransitionTime: active.LastTransitionTime}
 	}
 	_, err := d.opts.Status.RecordOrRetry(ctx, ctx, key, judgedRetry, conditions.KueueJudged{Active: judged})
 	if apierrors.IsNotFound(err) {
@@ -352,29 +345,22 @@ func (d *Dispatcher) Judged(ctx context.Context, mc *kueue.MultiKueueCluster) er
 }
 
 // Redial has the hub's Kueue try wc's worker again at once when its agent connected
-// since Kueue judged the worker unreachable. Kueue retries a worker it cannot reach
-// after a wait that doubles up to 5 min 20 s: without this, a worker whose agent was
-// away for minutes would wait about as long again after its return before taking work.
-// It writes the connection's start on the MultiKueueCluster (AgentConnectedAnnotation),
-// once per connection; a change of the object makes Kueue reconcile it. An agent that
-// was connected when Kueue judged is not what Kueue failed on: its retries are left be.
+// since Kueue judged the worker unreachable (redialFor). Kueue retries a worker it
+// cannot reach after a wait that doubles up to 5 min 20 s: without this, a worker whose
+// agent was away for minutes, or whose hub was, would wait about as long again after
+// their return before taking work. It writes the connection's start on the
+// MultiKueueCluster (AgentConnectedAnnotation), once per connection; a change of the
+// object makes Kueue reconcile it.
 func (d *Dispatcher) Redial(ctx context.Context, wc *v1alpha1.WorkerCluster) error {
-	s := wc.Status.Dispatch
-	if s == nil || s.Active == nil || s.Active.Status == metav1.ConditionTrue ||
-		(s.Placement != v1alpha1.PlacementMember && s.Placement != v1alpha1.PlacementDraining) {
-		return nil
-	}
-	connected := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
-	if connected == nil || connected.Status != metav1.ConditionTrue {
+	since, ok := redialFor(wc)
+	if !ok {
 		return nil
 	}
 	identity := wc.Labels[v1alpha1.WorkerClusterLabel]
-	since := connected.LastTransitionTime.UTC().Format(time.RFC3339)
 	d.mu.Lock()
-	unreachable, judged := d.unreachable[identity]
 	done := d.redialled[identity] == since
 	d.mu.Unlock()
-	if !judged || done || connected.LastTransitionTime.Time.Before(unreachable) {
+	if done {
 		return nil
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{v1alpha1.AgentConnectedAnnotation: since}}})
@@ -391,8 +377,29 @@ func (d *Dispatcher) Redial(ctx context.Context, wc *v1alpha1.WorkerCluster) err
 	d.mu.Lock()
 	d.redialled[identity] = since
 	d.mu.Unlock()
-	d.opts.Log.Info("the agent is back: asked the hub's Kueue to try the worker again now", "identity", identity, "connectedSince", since, "kueueSays", s.Active.Message)
+	d.opts.Log.Info("the agent is back: asked the hub's Kueue to try the worker again now", "identity", identity, "connectedSince", since, "kueueSays", wc.Status.Dispatch.Active.Message)
 	return nil
+}
+
+// redialFor says whether Kueue should try wc's worker again now, and for which of its
+// agent's connections (its start, RFC 3339): Kueue judges the worker unreachable, and
+// the agent connected since, so what Kueue failed on is gone. An agent that was
+// connected when Kueue judged is not what Kueue failed on, and its retries are left be;
+// so is a judgement with no time, as a hub before this one recorded it.
+func redialFor(wc *v1alpha1.WorkerCluster) (connection string, ok bool) {
+	s := wc.Status.Dispatch
+	if s == nil || (s.Placement != v1alpha1.PlacementMember && s.Placement != v1alpha1.PlacementDraining) {
+		return "", false
+	}
+	a := s.Active
+	if a == nil || a.Status == metav1.ConditionTrue || a.LastTransitionTime.IsZero() {
+		return "", false
+	}
+	c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionConnected)
+	if c == nil || c.Status != metav1.ConditionTrue || c.LastTransitionTime.Before(&a.LastTransitionTime) {
+		return "", false
+	}
+	return c.LastTransitionTime.UTC().Format(time.RFC3339), true
 }
 
 // olderVersion reports whether resourceVersion a is older than b. The API server's

@@ -397,6 +397,10 @@ type KueueCondition struct {
 	Reason string `json:"reason,omitempty"`
 	// +optional
 	Message string `json:"message,omitempty"`
+	// LastTransitionTime is when Kueue last changed the condition's status: for a worker
+	// Kueue cannot reach, since when, which tells whether its agent came back after.
+	// +optional
+	LastTransitionTime metav1.Time `json:"lastTransitionTime,omitempty"`
 }
 
 // WorkerClusterStatus is what the hub last learnt from the cluster's agent.
