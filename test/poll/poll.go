@@ -19,7 +19,14 @@ const interval = 20 * time.Millisecond
 // on why not once Deadline has passed.
 func Until(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(Deadline)
+	Within(t, Deadline, what, cond)
+}
+
+// Within is Until with a deadline of its own, for what the system under test takes
+// longer than Deadline to do by design, such as a backoff that doubles.
+func Within(t testing.TB, d time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	last := ""
 	for time.Now().Before(deadline) {
 		ok, why := cond()
