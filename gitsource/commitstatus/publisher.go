@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/lru"
+
+	"github.com/flotilla-gitops/flotilla/reconciler/keylock"
 )
 
 // PublisherOptions tune a Publisher; the zero value is usable.
@@ -74,7 +76,7 @@ type Publisher struct {
 	// keys serializes the posts of one context on one commit, so that two callers do
 	// not both read, both see a change and both post; loads serializes the reading of
 	// one commit's statuses in each lane.
-	keys, loads keyedMutex
+	keys, loads keylock.Locks[string]
 }
 
 type commitState struct {
@@ -180,7 +182,7 @@ func (p *Publisher) Publish(ctx context.Context, commit string, st Status) (bool
 		return false, err
 	}
 	st = p.backend.Canonical(st)
-	unlock := p.keys.lock(commit + "\x00" + st.Context)
+	unlock := p.keys.Lock(commit + "\x00" + st.Context)
 	defer unlock()
 	return p.deliver(ctx, commit, st, Submission{Lane: Urgent}, p.opts.MaxWait, nil)
 }
@@ -275,7 +277,7 @@ func (p *Publisher) state(ctx context.Context, commit string, lane Lane, maxWait
 	if cs := p.cached(commit); cs != nil {
 		return cs, nil
 	}
-	unlock := p.loads.lock(lane.String() + "/" + commit)
+	unlock := p.loads.Lock(lane.String() + "/" + commit)
 	defer unlock()
 	if cs := p.cached(commit); cs != nil {
 		return cs, nil
@@ -425,38 +427,4 @@ func NextRequest(ctx context.Context) error {
 // op may call NextRequest before each further request it makes.
 func (p *Publisher) Send(ctx context.Context, op func(context.Context) error) error {
 	return p.request(ctx, Urgent, false, p.opts.MaxWait, nil, op)
-}
-
-// keyedMutex hands out one mutex per key and forgets it when nobody holds it.
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[string]*keyedEntry
-}
-
-type keyedEntry struct {
-	mu   sync.Mutex
-	refs int
-}
-
-func (k *keyedMutex) lock(key string) (unlock func()) {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[string]*keyedEntry{}
-	}
-	e := k.locks[key]
-	if e == nil {
-		e = &keyedEntry{}
-		k.locks[key] = e
-	}
-	e.refs++
-	k.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
-		k.mu.Lock()
-		if e.refs--; e.refs == 0 {
-			delete(k.locks, key)
-		}
-		k.mu.Unlock()
-	}
 }

@@ -164,7 +164,7 @@ func (p *Publisher) post(ctx context.Context, it *queued) {
 	k := queueKey{it.commit, it.st.Context}
 	defer p.queue.done(k)
 	st := p.backend.Canonical(it.st)
-	unlock := p.keys.lock(it.commit + "\x00" + st.Context)
+	unlock := p.keys.Lock(it.commit + "\x00" + st.Context)
 	defer unlock()
 	_, err := p.deliver(ctx, it.commit, st, it.sub, p.opts.MaxPause, func() bool { return p.queue.superseded(k) })
 	if err != nil && ctx.Err() == nil {

@@ -1,7 +1,7 @@
 // Package keylock serializes work per key, each key with a mutex of its own that exists
-// while someone holds or waits for it. The hub's work under such a lock waits on the
-// hub cluster's API; a mutex shared between keys, as a fixed set picked by hash would
-// be, would hold other keys' work for as long.
+// while someone holds or waits for it. The work under such a lock waits on an API, the
+// hub cluster's or a forge's; a mutex shared between keys, as a fixed set picked by hash
+// would be, would hold other keys' work for as long.
 package keylock
 
 import "sync"

@@ -391,6 +391,10 @@ func (w *world) testAnAgentBackAfterAnOutageIsDispatchedToAtOnce(t *testing.T) {
 // worker identity: when it was, and how long Kueue waits before the next.
 func lastRetry(log, identity string) (at time.Time, after time.Duration, ok bool) {
 	for line := range strings.Lines(log) {
+		// Decoded only when it may be one: the log is read again every poll.
+		if !strings.Contains(line, `"setting client config"`) || !strings.Contains(line, identity) {
+			continue
+		}
 		var e struct {
 			TS         string   `json:"ts"`
 			Msg        string   `json:"msg"`
