@@ -64,8 +64,11 @@ type Dispatcher struct {
 	opts Options
 
 	mu       sync.Mutex
-	appliers map[string]*apply.Applier   // by tenant
-	keys     map[string]client.ObjectKey // WorkerCluster by identity
+	appliers map[string]*apply.Applier // by tenant
+	// workers is, by tenant, the identities of its WorkerClusters at its last Sync.
+	// What the maps below hold of an identity goes with it (remember).
+	workers map[string]map[string]bool
+	keys    map[string]client.ObjectKey // WorkerCluster by identity
 	// judged is the resourceVersion of the newest MultiKueueCluster whose judgement was
 	// recorded, by identity; judging takes one judgement of an identity at a time.
 	judged  map[string]string
@@ -86,8 +89,12 @@ func New(opts Options) (*Dispatcher, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Dispatcher{opts: opts, appliers: map[string]*apply.Applier{}, keys: map[string]client.ObjectKey{}, judged: map[string]string{},
-		redialled: map[string]string{}}, nil
+	return newDispatcher(opts), nil
+}
+
+func newDispatcher(opts Options) *Dispatcher {
+	return &Dispatcher{opts: opts, appliers: map[string]*apply.Applier{}, workers: map[string]map[string]bool{}, keys: map[string]client.ObjectKey{},
+		judged: map[string]string{}, redialled: map[string]string{}}
 }
 
 // WorkerOf is the dispatch view of a WorkerCluster.
@@ -103,7 +110,7 @@ func WorkerOf(wc *v1alpha1.WorkerCluster, pool string, quota corev1.ResourceList
 // Sync brings the tenant's hub objects to what t says and records where each of its
 // registered workers stands. wcs are the tenant's WorkerClusters by identity.
 func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha1.WorkerCluster) error {
-	ap, first, err := d.applier(t.Name)
+	ap, err := d.applier(t.Name)
 	if err != nil {
 		return err
 	}
@@ -146,11 +153,7 @@ func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha
 	if res.Error != "" {
 		errs = append(errs, errors.New(res.Error))
 	}
-	d.mu.Lock()
-	for id, wc := range wcs {
-		d.keys[id] = client.ObjectKeyFromObject(wc)
-	}
-	d.mu.Unlock()
+	fresh := d.remember(t.Name, wcs)
 	pools := make(map[string]string, len(t.Workers))
 	for _, w := range t.Workers {
 		pools[w.Identity] = w.Pool
@@ -176,10 +179,10 @@ func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha
 		}
 	}
 	// Kueue may have judged a MultiKueueCluster before this Sync knew its identity: a
-	// new member's, or any at the first Sync after a start, when the watch of
-	// MultiKueueClusters listed them all before. Only those are read.
+	// new member's, one's back in the tenant, or any at the first Sync after a start,
+	// when the watch of MultiKueueClusters listed them all before. Only those are read.
 	for _, w := range layout.Members {
-		if cur := wcs[w.Identity].Status.Dispatch; !first && cur != nil && cur.Active != nil {
+		if cur := wcs[w.Identity].Status.Dispatch; !fresh[w.Identity] && cur != nil && cur.Active != nil {
 			continue
 		}
 		var mc kueue.MultiKueueCluster
@@ -195,15 +198,47 @@ func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha
 	return nil
 }
 
-// applier is the tenant's applier; first is set when it is made, at the tenant's
-// first Sync.
-func (d *Dispatcher) applier(tenant string) (ap *apply.Applier, first bool, err error) {
+// remember records the tenant's WorkerClusters, wcs by identity, and returns those it
+// did not know. It forgets what it held of the identities the tenant no longer has:
+// a fleet that enrols and removes clusters for years would otherwise hold some of each
+// in the hub's memory until the hub restarted.
+func (d *Dispatcher) remember(tenant string, wcs map[string]*v1alpha1.WorkerCluster) (fresh map[string]bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id := range d.workers[tenant] {
+		if _, ok := wcs[id]; !ok {
+			delete(d.keys, id)
+			delete(d.judged, id)
+			delete(d.redialled, id)
+		}
+	}
+	fresh = map[string]bool{}
+	ids := make(map[string]bool, len(wcs))
+	for id, wc := range wcs {
+		if _, ok := d.keys[id]; !ok {
+			fresh[id] = true
+		}
+		d.keys[id] = client.ObjectKeyFromObject(wc)
+		ids[id] = true
+	}
+	d.workers[tenant] = ids
+	// Redial is asked of any WorkerCluster, one that no tenant's Sync had yet too.
+	for id := range d.redialled {
+		if _, ok := d.keys[id]; !ok {
+			delete(d.redialled, id)
+		}
+	}
+	return fresh
+}
+
+// applier is the tenant's applier.
+func (d *Dispatcher) applier(tenant string) (*apply.Applier, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if cur := d.appliers[tenant]; cur != nil {
-		return cur, false, nil
+		return cur, nil
 	}
-	ap, err = apply.New(apply.Options{Client: d.opts.Client, Identity: tenant, OwnerLabel: v1alpha1.TenantLabel, FieldManager: FieldManager,
+	ap, err := apply.New(apply.Options{Client: d.opts.Client, Identity: tenant, OwnerLabel: v1alpha1.TenantLabel, FieldManager: FieldManager,
 		PruneKinds: []schema.GroupVersionKind{
 			corev1.SchemeGroupVersion.WithKind("Secret"),
 			kueue.GroupVersion.WithKind("MultiKueueConfig"),
@@ -213,10 +248,10 @@ func (d *Dispatcher) applier(tenant string) (ap *apply.Applier, first bool, err 
 		PruneNamespaces: map[schema.GroupKind]string{{Kind: "Secret"}: d.opts.KueueNamespace},
 		Log:             d.opts.Log.With("tenant", tenant)})
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	d.appliers[tenant] = ap
-	return ap, true, nil
+	return ap, nil
 }
 
 // hubNamespaces says which of the tenant's workload namespaces it may queue in on the
