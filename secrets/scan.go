@@ -59,6 +59,14 @@ type ContentIDFS interface {
 	ContentID(name string) (string, error)
 }
 
+// CachedFS is a file system that holds the content of some of its files at hand, such
+// as a checkout whose fleet was loaded: ScanFS scans that content instead of reading
+// those files again.
+type CachedFS interface {
+	fs.FS
+	Cached(name string) (data []byte, ok bool)
+}
+
 // MaxScannedFileSize bounds what ScanFS reads of one file; a fleet repository holds
 // small text files, and a token in a larger file is still found in its first part.
 const MaxScannedFileSize = 16 << 20
@@ -67,10 +75,12 @@ const MaxScannedFileSize = 16 << 20
 // nil, leaves out paths (and, for directories, everything below them): a checkout's .git
 // directory and the files its .gitignore keeps out of the repository. On a ContentIDFS
 // each content is read and scanned once, whatever the number of paths that name it: a
-// commit of 20,000 paths to one blob of a megabyte is 20 GB read path by path.
+// commit of 20,000 paths to one blob of a megabyte is 20 GB read path by path. On a
+// CachedFS, the content it holds is scanned instead of read.
 func ScanFS(fsys fs.FS, skip func(p string, isDir bool) bool) ([]Leak, error) {
 	var leaks []Leak
 	ids, _ := fsys.(ContentIDFS)
+	cache, _ := fsys.(CachedFS)
 	// scanned are the leaks of each content scanned, by ID, at the path it was read by.
 	scanned := map[string][]Leak{}
 	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
@@ -99,12 +109,7 @@ func ScanFS(fsys fs.FS, skip func(p string, isDir bool) bool) ([]Leak, error) {
 				return nil
 			}
 		}
-		f, err := fsys.Open(p)
-		if err != nil {
-			return err
-		}
-		data, err := io.ReadAll(io.LimitReader(f, MaxScannedFileSize))
-		f.Close()
+		data, err := readScanned(fsys, cache, p)
 		if err != nil {
 			return err
 		}
@@ -123,4 +128,19 @@ func ScanFS(fsys fs.FS, skip func(p string, isDir bool) bool) ([]Leak, error) {
 		return leaks, fmt.Errorf("scanning for plaintext tokens: %w", err)
 	}
 	return leaks, nil
+}
+
+// readScanned reads what ScanFS scans of the file p: its first MaxScannedFileSize bytes.
+func readScanned(fsys fs.FS, cache CachedFS, p string) ([]byte, error) {
+	if cache != nil {
+		if data, ok := cache.Cached(p); ok {
+			return data[:min(len(data), MaxScannedFileSize)], nil
+		}
+	}
+	f, err := fsys.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, MaxScannedFileSize))
 }

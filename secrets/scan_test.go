@@ -102,3 +102,49 @@ func TestScanReadsEachContentOfACommitOnce(t *testing.T) {
 		t.Fatalf("the scan opened %d files, want one for each of the 2 contents", fsys.opened)
 	}
 }
+
+// cachedMap is a file system with some of its files' content at hand.
+type cachedMap struct {
+	fstest.MapFS
+	cached map[string][]byte
+}
+
+func (c cachedMap) Cached(name string) ([]byte, bool) {
+	data, ok := c.cached[name]
+	return data, ok
+}
+
+// On a CachedFS, a file whose content is at hand is scanned as it is held, without
+// reading it: a checkout whose fleet was loaded is not read twice. The other files are
+// read.
+func TestScanScansTheContentACachedFSHolds(t *testing.T) {
+	held, onDisk, other := mustToken(t), mustToken(t), mustToken(t)
+	fsys := cachedMap{
+		MapFS: fstest.MapFS{
+			"clusters/a/cluster.yaml": {Data: []byte("# " + onDisk.Reveal() + "\n")},
+			"docs/notes.md":           {Data: []byte("\n" + other.Reveal() + "\n")},
+		},
+		cached: map[string][]byte{"clusters/a/cluster.yaml": []byte("\n\n# " + held.Reveal() + "\n")},
+	}
+	leaks, err := ScanFS(fsys, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range leaks {
+		got = append(got, fmt.Sprintf("%s:%d %s", l.File, l.Line, l.Fingerprint))
+	}
+	want := []string{"clusters/a/cluster.yaml:3 " + held.Hash().Fingerprint(), "docs/notes.md:2 " + other.Hash().Fingerprint()}
+	if !slices.Equal(got, want) {
+		t.Fatalf("leaks %q, want %q", got, want)
+	}
+}
+
+func mustToken(t *testing.T) Token {
+	t.Helper()
+	tok, err := NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}

@@ -18,8 +18,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/go-git/go-billy/v5/osfs"
-	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -227,23 +225,10 @@ func encryptFor(dir, name string, tok secrets.Token) ([]byte, error) {
 // token in plaintext.
 func checkValuesIgnored(dir, name string) (string, error) {
 	file := "values." + name + ".local.yaml"
-	m, err := gitIgnored(dir)
-	if err != nil {
-		return "", err
-	}
-	if !m.Match([]string{file}, false) {
+	if !readGitIgnore(dir).match([]string{file}, false) {
 		return "", fmt.Errorf("%s would not be ignored by git, and it holds the enrollment token; add `*.local.yaml` to .gitignore", file)
 	}
 	return file, nil
-}
-
-// gitIgnored reads the checkout's .gitignore files and .git/info/exclude.
-func gitIgnored(dir string) (gitignore.Matcher, error) {
-	ps, err := gitignore.ReadPatterns(osfs.New(dir), nil)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("reading .gitignore: %w", err)
-	}
-	return gitignore.NewMatcher(ps), nil
 }
 
 func (o *clusterAddOptions) clusterYAML(name string) []byte {
@@ -545,7 +530,7 @@ func removeCluster(out io.Writer, dir, name string) error {
 	values := "values." + name + ".local.yaml"
 	if _, err := os.Lstat(filepath.Join(dir, values)); err == nil {
 		ignored := "it is ignored by git"
-		if m, err := gitIgnored(dir); err != nil || !m.Match([]string{values}, false) {
+		if !readGitIgnore(dir).match([]string{values}, false) {
 			ignored = "git does NOT ignore it: make sure it was never committed"
 		}
 		fmt.Fprintf(out, "%s is still here (%s). It holds the cluster's\n"+

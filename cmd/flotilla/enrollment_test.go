@@ -270,6 +270,49 @@ func TestValidateFailsOnAPlaintextTokenAnywhere(t *testing.T) {
 	}
 }
 
+// A token in a file the fleet's loader read is found in what it read, at its place; one
+// in a file that a .gitignore below the top leaves out is not git's to commit, and is
+// not reported.
+func TestValidateFindsATokenInAClusterFileAndNotInAnIgnoredOne(t *testing.T) {
+	r := newHubRepo(t)
+	r.add(t, "gpu-east")
+	tok := r.valuesToken(t, "gpu-east")
+	clusterFile := filepath.Join(r.dir, "clusters", "gpu-east", "cluster.yaml")
+	data, err := os.ReadFile(clusterFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Count(string(data), "\n")
+	if err := os.WriteFile(clusterFile, append(data, "# enrolled with "+tok.Reveal()+"\n"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for p, data := range map[string]string{
+		"docs/.gitignore":        "scratch/\n",
+		"docs/scratch/notes.txt": "the token: " + tok.Reveal() + "\n",
+	} {
+		full := filepath.Join(r.dir, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, _, errOut := runCLI(t, "validate", r.dir)
+	if code != 1 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if want := fmt.Sprintf("clusters/gpu-east/cluster.yaml:%d:17: a plaintext enrollment token (fingerprint %s)", lines+1, tok.Hash().Fingerprint()); !strings.Contains(errOut, want) {
+		t.Errorf("stderr %q lacks %q", errOut, want)
+	}
+	if strings.Contains(errOut, "docs/scratch") {
+		t.Errorf("validate reported a file that docs/.gitignore leaves out: %q", errOut)
+	}
+	if strings.Contains(errOut, tok.Reveal()) {
+		t.Fatal("validate printed the leaked token")
+	}
+}
+
 func TestValidateWithAnotherHubsKeyNamesTheFile(t *testing.T) {
 	r := newHubRepo(t)
 	r.add(t, "gpu-east")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -90,7 +91,7 @@ func newValidateCommand() *cobra.Command {
 				if ref != "" {
 					leaks, err = scanTree(fsys, unread)
 				} else {
-					leaks, err = scanForTokens(dir, unread)
+					leaks, err = scanForTokens(dir, f, unread)
 				}
 				if err != nil {
 					return err
@@ -166,19 +167,36 @@ func hasErrorIn(list fleet.ErrorList, file string) bool {
 
 // scanForTokens reports plaintext tokens in every file git would track: the .git
 // directory and ignored files, such as the agent's values files, are left out, and so
-// are the directories unread.
-func scanForTokens(dir string, unread map[string]bool) (fleet.ErrorList, error) {
-	ignored, err := gitIgnored(dir)
-	if err != nil {
-		return nil, err
+// are the directories unread. The files of the presets and clusters of f, loaded from
+// dir, are scanned as f holds them, not read again.
+func scanForTokens(dir string, f *fleet.Fleet, unread map[string]bool) (fleet.ErrorList, error) {
+	ignored := readGitIgnore(dir)
+	loaded := loadedCheckout{ReadDirFS: fleet.DirFS(dir).(fs.ReadDirFS), files: map[string][]byte{}}
+	for _, p := range f.Presets {
+		maps.Copy(loaded.files, p.Files)
 	}
-	leaks, err := secrets.ScanFS(fleet.DirFS(dir), func(p string, isDir bool) bool {
-		return p == ".git" || unread[p] || ignored.Match(strings.Split(p, "/"), isDir)
+	for _, c := range f.Clusters {
+		maps.Copy(loaded.files, c.Files)
+	}
+	leaks, err := secrets.ScanFS(loaded, func(p string, isDir bool) bool {
+		return p == ".git" || unread[p] || ignored.walked(p, isDir)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return leakErrors(leaks), nil
+}
+
+// loadedCheckout is a checkout whose fleet was loaded: the scan for tokens reads the
+// files the loader read from what it read (secrets.CachedFS).
+type loadedCheckout struct {
+	fs.ReadDirFS
+	files map[string][]byte
+}
+
+func (c loadedCheckout) Cached(name string) ([]byte, bool) {
+	data, ok := c.files[name]
+	return data, ok
 }
 
 // scanTree reports plaintext tokens in every file of a commit but those of the
