@@ -9,9 +9,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"testing/fstest"
 
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/secrets"
+	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 	"github.com/flotilla-gitops/flotilla/test/sopstest"
 )
 
@@ -286,18 +288,10 @@ func TestValidateFindsATokenInAClusterFileAndNotInAnIgnoredOne(t *testing.T) {
 	if err := os.WriteFile(clusterFile, append(data, "# enrolled with "+tok.Reveal()+"\n"...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for p, data := range map[string]string{
-		"docs/.gitignore":        "scratch/\n",
-		"docs/scratch/notes.txt": "the token: " + tok.Reveal() + "\n",
-	} {
-		full := filepath.Join(r.dir, filepath.FromSlash(p))
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fleetgen.WriteInto(t, r.dir, fstest.MapFS{
+		"docs/.gitignore":        {Data: []byte("scratch/\n")},
+		"docs/scratch/notes.txt": {Data: []byte("the token: " + tok.Reveal() + "\n")},
+	})
 	code, _, errOut := runCLI(t, "validate", r.dir)
 	if code != 1 {
 		t.Fatalf("exit %d, stderr %q", code, errOut)

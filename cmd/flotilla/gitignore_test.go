@@ -4,10 +4,12 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"testing/fstest"
+
+	"github.com/flotilla-gitops/flotilla/test/fleetgen"
 )
 
 // The scan for tokens reads each directory's .gitignore as it walks down into it, and
@@ -26,35 +28,26 @@ func TestTheScanLeavesOutWhatGitIgnores(t *testing.T) {
 		return string(out)
 	}
 	git("init", "-q")
-	files := map[string]string{
-		".git/info/exclude":          "*.secret\n",
-		".gitignore":                 "# local files\n*.local.yaml\nbuild/\n!keep.local.yaml\n",
-		"build/out.txt":              "",
-		"values.gpu-a.local.yaml":    "",
-		"keep.local.yaml":            "",
-		"clusters/a/cluster.yaml":    "",
-		"clusters/a/notes.secret":    "",
-		"docs/.gitignore":            "drafts/\n*.tmp\n!important.tmp\n",
-		"docs/drafts/plan.md":        "",
-		"docs/scratch.tmp":           "",
-		"docs/important.tmp":         "",
-		"docs/runbook.md":            "",
-		"docs/sub/.gitignore":        "!*.local.yaml\n",
-		"docs/sub/values.local.yaml": "",
-		"other/.gitignore":           "*.md\n",
-		"other/readme.md":            "",
-		"other/keep.txt":             "",
-		"readme.md":                  "",
-	}
-	for p, data := range files {
-		full := filepath.Join(dir, filepath.FromSlash(p))
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fleetgen.WriteInto(t, dir, fstest.MapFS{
+		".git/info/exclude":          {Data: []byte("*.secret\n")},
+		".gitignore":                 {Data: []byte("# local files\n*.local.yaml\nbuild/\n!keep.local.yaml\n")},
+		"build/out.txt":              {},
+		"values.gpu-a.local.yaml":    {},
+		"keep.local.yaml":            {},
+		"clusters/a/cluster.yaml":    {},
+		"clusters/a/notes.secret":    {},
+		"docs/.gitignore":            {Data: []byte("drafts/\n*.tmp\n!important.tmp\n")},
+		"docs/drafts/plan.md":        {},
+		"docs/scratch.tmp":           {},
+		"docs/important.tmp":         {},
+		"docs/runbook.md":            {},
+		"docs/sub/.gitignore":        {Data: []byte("!*.local.yaml\n")},
+		"docs/sub/values.local.yaml": {},
+		"other/.gitignore":           {Data: []byte("*.md\n")},
+		"other/readme.md":            {},
+		"other/keep.txt":             {},
+		"readme.md":                  {},
+	})
 	want := strings.Fields(git("ls-files", "--others", "--exclude-standard"))
 	slices.Sort(want)
 

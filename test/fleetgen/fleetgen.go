@@ -131,6 +131,13 @@ description: jobs that may jump the queue on this cluster
 func WriteDir(tb testing.TB, fsys fstest.MapFS) string {
 	tb.Helper()
 	dir := tb.TempDir()
+	WriteInto(tb, dir, fsys)
+	return dir
+}
+
+// WriteInto writes the files of fsys into dir, making the directories they need.
+func WriteInto(tb testing.TB, dir string, fsys fstest.MapFS) {
+	tb.Helper()
 	for p, f := range fsys {
 		full := filepath.Join(dir, filepath.FromSlash(p))
 		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
@@ -140,7 +147,6 @@ func WriteDir(tb testing.TB, fsys fstest.MapFS) string {
 			tb.Fatal(err)
 		}
 	}
-	return dir
 }
 
 // Variant is the template with its example cluster set up one way.
