@@ -19,9 +19,13 @@ import (
 // back what the top one ignores, and one whose patterns stop at its own directory.
 func TestTheScanLeavesOutWhatGitIgnores(t *testing.T) {
 	dir := t.TempDir()
+	// Git reads only the checkout's files: no one's global or system excludes.
+	home := t.TempDir()
 	git := func(args ...string) string {
 		t.Helper()
-		out, err := exec.Command("git", append([]string{"-C", dir}, args...)...).Output()
+		cmd := exec.Command("git", append([]string{"-C", dir}, args...)...)
+		cmd.Env = append(os.Environ(), "HOME="+home, "XDG_CONFIG_HOME="+home, "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1")
+		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("git %s: %v", strings.Join(args, " "), err)
 		}
