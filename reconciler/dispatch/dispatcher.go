@@ -209,7 +209,6 @@ func (d *Dispatcher) remember(tenant string, wcs map[string]*v1alpha1.WorkerClus
 		if _, ok := wcs[id]; !ok {
 			delete(d.keys, id)
 			delete(d.judged, id)
-			delete(d.redialled, id)
 		}
 	}
 	fresh = map[string]bool{}
@@ -222,7 +221,8 @@ func (d *Dispatcher) remember(tenant string, wcs map[string]*v1alpha1.WorkerClus
 		ids[id] = true
 	}
 	d.workers[tenant] = ids
-	// Redial is asked of any WorkerCluster, one that no tenant's Sync had yet too.
+	// The redials go with the keys: those of the identities gone, and those Redial
+	// recorded for a WorkerCluster that no tenant's Sync had handed over.
 	for id := range d.redialled {
 		if _, ok := d.keys[id]; !ok {
 			delete(d.redialled, id)
