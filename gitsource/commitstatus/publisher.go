@@ -188,26 +188,34 @@ func (p *Publisher) Publish(ctx context.Context, commit string, st Status) (bool
 }
 
 // deliver posts st, canonical, on commit unless the backend holds it already, or sub
-// says not to. stale, when set, tells that a newer status of the context was queued
-// meanwhile: no attempt is made then. The caller holds the context's key lock.
-func (p *Publisher) deliver(ctx context.Context, commit string, st Status, sub Submission, maxWait time.Duration, stale func() bool) (bool, error) {
+// says not to. newer, when set, hands over a newer status of the context queued
+// meanwhile, with its Submission: that one goes instead, in the turn this one waited
+// for. Dropping the older one and queueing the newer afresh would let a status that is
+// submitted again faster than the forge's limits let it go (the fleet's summary, at each
+// agent's report) never go at all, each turn spent on one that was already outdated. The
+// caller holds the context's key lock.
+func (p *Publisher) deliver(ctx context.Context, commit string, st Status, sub Submission, maxWait time.Duration, newer func() (Status, Submission, bool)) (bool, error) {
 	cs, err := p.state(ctx, commit, sub.Lane, maxWait)
 	if err != nil {
 		return false, err
 	}
-	cs.mu.Lock()
-	cur, held := cs.latest[st.Context]
-	n := cs.posted[st.Context]
-	unsure := cs.unsure[st.Context]
-	cs.mu.Unlock()
-	if held && cur == st && !unsure {
-		return false, nil
+	if needed, err := p.needed(cs, commit, st, sub); !needed {
+		return false, err
 	}
-	if sub.FailuresOnly && !held && !unsure && !st.State.failing() {
-		return false, nil
-	}
-	if n >= MaxPerContext {
-		return false, fmt.Errorf("%w: %s on %s", ErrCapReached, st.Context, commit)
+	// needless is set when the newest status handed over needs no post.
+	var needless error
+	var stale func() bool
+	if newer != nil {
+		stale = func() bool {
+			nst, nsub, ok := newer()
+			if !ok {
+				return false
+			}
+			st, sub = p.backend.Canonical(nst), nsub
+			needed, err := p.needed(cs, commit, st, sub)
+			needless = err
+			return !needed
+		}
 	}
 	sent := false
 	err = p.request(ctx, sub.Lane, true, maxWait, stale, func(ctx context.Context) error {
@@ -220,7 +228,7 @@ func (p *Publisher) deliver(ctx context.Context, commit string, st Status, sub S
 		cs.mu.Unlock()
 	}
 	if errors.Is(err, errSuperseded) {
-		return false, nil
+		return false, needless
 	}
 	if err != nil {
 		if errors.Is(err, ErrCapReached) {
@@ -237,6 +245,27 @@ func (p *Publisher) deliver(ctx context.Context, commit string, st Status, sub S
 	cs.posted[st.Context]++
 	cs.at[st.Context] = p.opts.Clock.Now()
 	cs.mu.Unlock()
+	return true, nil
+}
+
+// needed reports whether st, canonical, must be posted on commit, which holds cs: not
+// when the commit shows it already, nor when sub posts only failures and st is none
+// that the commit must show. A context at the forge's cap is not posted either, with
+// the error that says so.
+func (p *Publisher) needed(cs *commitState, commit string, st Status, sub Submission) (bool, error) {
+	cs.mu.Lock()
+	cur, held := cs.latest[st.Context]
+	n := cs.posted[st.Context]
+	unsure := cs.unsure[st.Context]
+	cs.mu.Unlock()
+	switch {
+	case held && cur == st && !unsure:
+		return false, nil
+	case sub.FailuresOnly && !held && !unsure && !st.State.failing():
+		return false, nil
+	case n >= MaxPerContext:
+		return false, fmt.Errorf("%w: %s on %s", ErrCapReached, st.Context, commit)
+	}
 	return true, nil
 }
 
@@ -305,7 +334,7 @@ func (p *Publisher) state(ctx context.Context, commit string, lane Lane, maxWait
 	return cs, nil
 }
 
-// errSuperseded ends the attempts at a status a newer one replaced.
+// errSuperseded ends the attempts at a status replaced by a newer one that needs no post.
 var errSuperseded = errors.New("status: superseded by a newer one")
 
 // maxRefusals bounds how often one request is refused for a rate limit before it is
@@ -316,7 +345,9 @@ const maxRefusals = 10
 // request sends op when the pacer lets it go, until it succeeds, fails for good, or
 // its attempts run out. A forge that refuses it for a rate limit pauses every lane for
 // as long as it asks, up to maxWait, without spending the backoff's attempts; other
-// retryable failures wait the backoff's steps.
+// retryable failures wait the backoff's steps. stale, when set, is asked before each
+// attempt and again once its turn came (it may change what op sends); true ends the
+// attempts with errSuperseded.
 func (p *Publisher) request(ctx context.Context, lane Lane, write bool, maxWait time.Duration, stale func() bool, op func(context.Context) error) error {
 	b := p.opts.Backoff
 	refusals := 0
@@ -329,8 +360,8 @@ func (p *Publisher) request(ctx context.Context, lane Lane, write bool, maxWait 
 			return err
 		}
 		if stale != nil && stale() {
-			// Superseded while it waited its turn, which may be long: the newer status
-			// goes instead. Its turn stays spent, as if it went.
+			// Superseded while it waited its turn, which may be long, by a status that
+			// needs no post. Its turn stays spent, as if it went.
 			a.finish()
 			return errSuperseded
 		}

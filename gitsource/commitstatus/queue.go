@@ -166,7 +166,7 @@ func (p *Publisher) post(ctx context.Context, it *queued) {
 	st := p.backend.Canonical(it.st)
 	unlock := p.keys.Lock(it.commit + "\x00" + st.Context)
 	defer unlock()
-	_, err := p.deliver(ctx, it.commit, st, it.sub, p.opts.MaxPause, func() bool { return p.queue.superseded(k) })
+	_, err := p.deliver(ctx, it.commit, st, it.sub, p.opts.MaxPause, func() (Status, Submission, bool) { return p.queue.takeNewer(k) })
 	if err != nil && ctx.Err() == nil {
 		p.opts.Log.Error("posting a commit status", "context", st.Context, "commit", it.commit, "lane", it.sub.Lane, "error", err)
 	}
@@ -241,11 +241,18 @@ func (q *queue) done(k queueKey) {
 	q.signal()
 }
 
-// superseded reports whether a newer status of k waits behind the one being posted.
-func (q *queue) superseded(k queueKey) bool {
+// takeNewer takes the newer status of k submitted while an older one is being posted,
+// if any, with its Submission: the poster sends it instead.
+func (q *queue) takeNewer(k queueKey) (Status, Submission, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.items[k] != nil
+	it := q.items[k]
+	if it == nil {
+		return Status{}, Submission{}, false
+	}
+	delete(q.items, k)
+	q.signal()
+	return it.st, it.sub, true
 }
 
 // lastPosted is when this process last posted st's context on commit, how many times it

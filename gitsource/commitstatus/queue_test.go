@@ -125,8 +125,9 @@ func TestASummaryThatKeepsItsStateWaitsItsTurn(t *testing.T) {
 }
 
 // A status superseded while it waits its turn within the forge's limits is not posted:
-// the newer one goes instead, and the forge sees one post, not an outdated one first.
-func TestAStatusSupersededWhileItWaitsItsTurnIsNotPosted(t *testing.T) {
+// the newer one goes instead, in that turn, and the forge sees one post, not an outdated
+// one first.
+func TestAStatusSupersededWhileItWaitsItsTurnGoesAsTheNewerOneInThatTurn(t *testing.T) {
 	m := newMemory(0)
 	clock := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	opts := quick
@@ -139,20 +140,47 @@ func TestAStatusSupersededWhileItWaitsItsTurnIsNotPosted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waiting := func(what string) {
-		t.Helper()
-		poll.Until(t, what, func() (bool, string) { return clock.HasWaiters(), "no request waits" })
-	}
 	// The commit's statuses are read at once; the post waits a second.
 	post("outdated")
-	waiting("the first post waiting its turn")
+	poll.Until(t, "the first post waiting its turn", func() (bool, string) { return clock.HasWaiters(), "no request waits" })
 	post("newest")
-	clock.Step(time.Second)
-	waiting("the newest post waiting its turn")
 	clock.Step(time.Second)
 	settle(t, p)
 	if n, got := m.count(commit, "flotilla/a"), m.latestOf(commit, "flotilla/a"); n != 1 || got.Description != "newest" {
 		t.Fatalf("%d posts, the newest %q; want one, the newest status", n, got.Description)
+	}
+}
+
+// A status submitted again faster than the forge's limits let it go, as the fleet's
+// summary is at every agent's report in a large fleet, goes at each turn as its newest
+// form: by the time its turn comes it has always been submitted again, and it must not
+// be dropped for that.
+func TestAStatusSubmittedAgainFasterThanItsTurnsComeGoesAtEachTurn(t *testing.T) {
+	m := newMemory(0)
+	clock := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	opts := quick
+	opts.Clock, opts.Rate = clock, 1
+	p := commitstatus.NewPublisher(m, opts)
+	run(t, p)
+	const reports = 50 // five seconds of a report every 100 ms
+	for i := 1; i <= reports; i++ {
+		st := commitstatus.Status{Context: "flotilla/fleet", State: commitstatus.Pending, Description: fmt.Sprintf("%d of 10,000 clusters ready", i)}
+		if err := p.Submit(commit, st, commitstatus.Submission{Lane: commitstatus.Urgent}); err != nil {
+			t.Fatal(err)
+		}
+		poll.Until(t, "the summary waiting its turn or posted", func() (bool, string) {
+			return clock.HasWaiters() || p.Pending() == 0, fmt.Sprintf("%d to post", p.Pending())
+		})
+		clock.Step(100 * time.Millisecond)
+	}
+	// One read and a post a second, over five seconds.
+	if n := m.count(commit, "flotilla/fleet"); n < 4 {
+		t.Fatalf("the summary was posted %d times in five seconds at one request a second; want at least 4", n)
+	}
+	clock.Step(time.Second)
+	settle(t, p)
+	if got := m.latestOf(commit, "flotilla/fleet"); got.Description != fmt.Sprintf("%d of 10,000 clusters ready", reports) {
+		t.Fatalf("the forge shows %q, not the newest summary", got.Description)
 	}
 }
 
