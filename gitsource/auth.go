@@ -88,8 +88,10 @@ func RedactURL(s string) string {
 }
 
 // RedactError keeps a password or token out of a transport error's text, whatever the
-// library put into it.
-func RedactError(err error, auth transport.AuthMethod) string {
+// library put into it: auth's password, and the user name of rawURL, the repository's
+// URL, where RedactURL takes it for a token (net/http writes the URL it asked into its
+// errors and leaves out only a password).
+func RedactError(err error, auth transport.AuthMethod, rawURL string) string {
 	msg := err.Error()
 	switch {
 	case errors.Is(err, transport.ErrAuthenticationRequired) || errors.Is(err, transport.ErrAuthorizationFailed):
@@ -103,6 +105,14 @@ func RedactError(err error, auth transport.AuthMethod) string {
 	}
 	if b, ok := auth.(*http.BasicAuth); ok && b.Password != "" {
 		msg = strings.ReplaceAll(msg, b.Password, "[REDACTED]")
+	}
+	if u, err := url.Parse(rawURL); err == nil && u.User != nil && RedactURL(rawURL) != rawURL {
+		// As written in a URL, in whichever escaping: always followed by its @.
+		for _, user := range []string{u.User.String(), u.User.Username()} {
+			if user != "" {
+				msg = strings.ReplaceAll(msg, user+"@", "redacted@")
+			}
+		}
 	}
 	return msg
 }

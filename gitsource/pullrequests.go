@@ -307,7 +307,7 @@ func (s *Source) fetchPullRequest(ctx context.Context, pr *PullRequest, room int
 			return be
 		}
 		if err != nil {
-			return fmt.Errorf("fetching %s: %s", pr.Ref, RedactError(err, s.opts.Auth))
+			return fmt.Errorf("fetching %s: %s", pr.Ref, RedactError(err, s.opts.Auth, s.opts.URL))
 		}
 	}
 	s.prs.refs[local] = pr.Head

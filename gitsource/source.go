@@ -363,5 +363,5 @@ func (s *Source) reach(ctx context.Context, head, last plumbing.Hash) error {
 }
 
 func (s *Source) wrap(op string, err error) error {
-	return fmt.Errorf("gitsource: %s %s: %s", op, RedactURL(s.opts.URL), RedactError(err, s.opts.Auth))
+	return fmt.Errorf("gitsource: %s %s: %s", op, RedactURL(s.opts.URL), RedactError(err, s.opts.Auth, s.opts.URL))
 }

@@ -374,6 +374,25 @@ func TestAMalformedURLIsRefusedWithoutItsCredentials(t *testing.T) {
 	}
 }
 
+// A token given as the URL's user name, as GitHub and GitLab accept one, stays out of
+// the error of a fetch that fails for any reason: the transport writes the URL it asked
+// into its error, user name included.
+func TestAFailedFetchKeepsATokenInTheURLOutOfItsError(t *testing.T) {
+	const token = "ghp_s3cr3tT0ken"
+	// Nothing listens on port 1: the request fails with the URL it asked in its error.
+	s, err := gitsource.New(gitsource.Options{URL: "https://" + token + "@127.0.0.1:1/fleet.git", Branch: "main"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Fetch(t.Context())
+	if err == nil {
+		t.Fatal("a fetch from nowhere succeeded")
+	}
+	if strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "127.0.0.1:1") {
+		t.Fatalf("error %q: want the failure, where it went, and no token", err)
+	}
+}
+
 func TestMissingBranchIsAnError(t *testing.T) {
 	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
 	s, err := gitsource.New(gitsource.Options{URL: repo.URL(), Branch: "release"})

@@ -514,5 +514,5 @@ func (b *Backend) wrap(op string, err error) error {
 	if errors.Is(err, transport.ErrAuthenticationRequired) || errors.Is(err, transport.ErrAuthorizationFailed) {
 		return fmt.Errorf("gitnotes: %s %s: %w", op, gitsource.RedactURL(b.opts.URL), commitstatus.ErrUnauthorized)
 	}
-	return fmt.Errorf("gitnotes: %s %s: %s", op, gitsource.RedactURL(b.opts.URL), gitsource.RedactError(err, b.opts.Auth))
+	return fmt.Errorf("gitnotes: %s %s: %s", op, gitsource.RedactURL(b.opts.URL), gitsource.RedactError(err, b.opts.Auth, b.opts.URL))
 }
