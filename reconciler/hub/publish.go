@@ -125,15 +125,25 @@ func (s *Source) publishFleet(ctx context.Context) {
 		full = append(full, pool)
 	}
 	leftOut := len(s.poolFull)
-	total, ready, failing := len(s.states), 0, 0
-	for _, st := range s.states {
-		switch st {
-		case commitstatus.Success:
+	// A cluster the hub failed to reconcile (a key service down, a write refused) keeps
+	// the state its agent last reported, of what it had before: it fails until the hub's
+	// retry succeeds, whatever its agent says.
+	total, ready, failing, retrying := len(s.states), 0, 0, len(s.retry)
+	for name := range s.retry {
+		if _, ok := s.states[name]; !ok {
+			total++
+		}
+	}
+	for name, st := range s.states {
+		switch {
+		case s.retry[name]:
+		case st == commitstatus.Success:
 			ready++
-		case commitstatus.Failure, commitstatus.Error:
+		case st == commitstatus.Failure, st == commitstatus.Error:
 			failing++
 		}
 	}
+	failing += retrying
 	invalid := make([]string, 0, len(s.invalid))
 	for _, why := range s.invalid {
 		invalid = append(invalid, why)
@@ -147,6 +157,9 @@ func (s *Source) publishFleet(ctx context.Context) {
 	counts := fmt.Sprintf("%s of %s clusters ready", thousands(ready), thousands(total))
 	if failing > 0 {
 		counts += fmt.Sprintf(", %s failing", thousands(failing))
+	}
+	if retrying > 0 {
+		counts += fmt.Sprintf(" · %s on a fault of the hub, retrying", thousands(retrying))
 	}
 	st := commitstatus.Status{Context: s.context(fleetContext), TargetURL: s.commitURL(head)}
 	switch {

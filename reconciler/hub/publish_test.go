@@ -27,23 +27,28 @@ func TestTheFleetSummaryCountsTheFleetAndWarnsOfClustersLeftOutOfAFullPool(t *te
 		name     string
 		states   map[string]commitstatus.State
 		poolFull map[string]string
+		retry    map[string]bool
 		state    commitstatus.State
 		says     string
 	}{
-		{"every cluster as declared", map[string]commitstatus.State{"a": commitstatus.Success, "b": commitstatus.Success}, nil,
+		{"every cluster as declared", map[string]commitstatus.State{"a": commitstatus.Success, "b": commitstatus.Success}, nil, nil,
 			commitstatus.Success, "2 of 2 clusters ready"},
 		{"clusters left out of a full pool", map[string]commitstatus.State{"a": commitstatus.Success, "b": commitstatus.Pending, "c": commitstatus.Pending},
-			map[string]string{"b": "eu", "c": "eu"},
+			map[string]string{"b": "eu", "c": "eu"}, nil,
 			commitstatus.Pending, "1 of 3 clusters ready · 2 clusters over the 20-cluster limit of dispatch pool eu: declare pools in fleet.yaml"},
-		{"failing clusters counted while others are on their way", map[string]commitstatus.State{"a": commitstatus.Success, "b": commitstatus.Failure, "c": commitstatus.Pending}, nil,
+		{"failing clusters counted while others are on their way", map[string]commitstatus.State{"a": commitstatus.Success, "b": commitstatus.Failure, "c": commitstatus.Pending}, nil, nil,
 			commitstatus.Pending, "1 of 3 clusters ready, 1 failing"},
-		{"failing clusters fail the summary once nothing is on its way", fleetOf(10_000, 10), nil,
+		{"failing clusters fail the summary once nothing is on its way", fleetOf(10_000, 10), nil, nil,
 			commitstatus.Failure, "9,990 of 10,000 clusters ready, 10 failing"},
+		// Their agents report them ready, with what they had before the change.
+		{"clusters the hub failed to reconcile fail whatever their agents report", map[string]commitstatus.State{"a": commitstatus.Success, "b": commitstatus.Success, "c": commitstatus.Pending},
+			nil, map[string]bool{"b": true, "new": true},
+			commitstatus.Pending, "1 of 4 clusters ready, 2 failing · 2 on a fault of the hub, retrying"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &Source{hub: &Hub{opts: Options{PublicURL: "https://hub.example/"}}, opts: SourceOptions{Name: "acme"}, log: slog.New(slog.DiscardHandler),
 				publisher: commitstatus.NewPublisher(notes, commitstatus.PublisherOptions{}), book: newStatusBook(0),
-				prefix: "flotilla", head: head, states: tc.states, poolFull: tc.poolFull, invalid: map[string]string{}, waitingRemovals: map[string]bool{}}
+				prefix: "flotilla", head: head, states: tc.states, poolFull: tc.poolFull, invalid: map[string]string{}, waitingRemovals: map[string]bool{}, retry: tc.retry}
 			if s.poolFull == nil {
 				s.poolFull = map[string]string{}
 			}
