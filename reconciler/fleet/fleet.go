@@ -24,6 +24,7 @@ import (
 	"maps"
 	"path"
 	"slices"
+	"strings"
 
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
@@ -155,6 +156,20 @@ func (f *Fleet) StatusContextPrefix() string {
 		return DefaultStatusContextPrefix
 	}
 	return f.Spec.Spec.StatusContextPrefix
+}
+
+// StatesStatusContextPrefix reports whether fleet.yaml decoded and its prefix, defaulted,
+// is one a commit status can carry. A hub keeps the prefix of the last head that did
+// otherwise: a fleet.yaml broken by a typo fails under the contexts the repository's
+// required checks wait for, not under the default's.
+func (f *Fleet) StatesStatusContextPrefix() bool {
+	return f.Spec != nil && validStatusContextPrefix(f.Spec.Spec.StatusContextPrefix)
+}
+
+// validStatusContextPrefix reports whether p fits in a commit status's context, with
+// room for a cluster's name after it, as a single word.
+func validStatusContextPrefix(p string) bool {
+	return len(p) <= 100 && !strings.ContainsAny(p, " \t\n")
 }
 
 // DecommissionPolicy is what a worker keeps when its cluster leaves the fleet,

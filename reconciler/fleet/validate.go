@@ -101,7 +101,7 @@ func loadFleetFile(fsys fs.FS, list *ErrorList) *v1alpha1.Fleet {
 		e.at(n.Line, n.Column, "spec.jobSetVersion %s cannot be installed by this release of flotilla: it installs JobSet %s",
 			s.JobSetVersion, strings.Join(components.Installable(components.JobSet), ", "))
 	}
-	if p := s.StatusContextPrefix; len(p) > 100 || strings.ContainsAny(p, " \t\n") {
+	if !validStatusContextPrefix(s.StatusContextPrefix) {
 		n := at("statusContextPrefix")
 		e.at(n.Line, n.Column, "spec.statusContextPrefix must be at most 100 characters without spaces")
 	}

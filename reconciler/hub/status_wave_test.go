@@ -415,3 +415,46 @@ func TestAWaveOverTheThresholdPostsOnlyItsFailuresAndTheSummary(t *testing.T) {
 		}
 	})
 }
+
+// A head whose fleet.yaml does not decode, or names another tenant, fails under the
+// status context prefix of the last head that stated one: the repository's required
+// checks wait for those contexts, and a failure under the default's would never reach
+// them.
+func TestABrokenFleetFileFailsUnderThePrefixTheFleetStatedLast(t *testing.T) {
+	w := startWaveHub(t, 2, 0)
+	summary := func(commit, context string, want commitstatus.State) {
+		t.Helper()
+		poll.Until(t, context+" on "+commit[:12], func() (bool, string) {
+			got := map[string]forge.Record{}
+			for _, r := range w.forge.Store.Latest(commit) {
+				got[r.Context] = r
+			}
+			r, ok := got[context]
+			return ok && (want == "" || r.State == string(want)), fmt.Sprintf("%v", slices.Sorted(maps.Keys(got)))
+		})
+		for _, r := range w.forge.Store.Latest(commit) {
+			if strings.HasPrefix(r.Context, "flotilla/") {
+				t.Errorf("%s holds %s (%s %q), under the default prefix", commit[:12], r.Context, r.State, r.Description)
+			}
+		}
+	}
+	renamed := w.commit("main", "our checks are acme's", map[string][]byte{fleet.FleetFile: w.edit(fleet.FleetFile, "statusContextPrefix: flotilla", "statusContextPrefix: acme")})
+	w.src.Trigger()
+	summary(renamed, "acme/fleet", "") // no agent is connected: pending
+
+	for _, tc := range []struct {
+		name  string
+		edits *strings.Replacer
+	}{
+		{"a fleet.yaml that does not decode", strings.NewReplacer("tenant: example", "tenant: [example")},
+		{"a fleet.yaml of another tenant, with its prefix", strings.NewReplacer("tenant: example", "tenant: other", "statusContextPrefix: acme", "statusContextPrefix: other")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Each from the head that stated acme's prefix.
+			broken := w.repo.Commit("main", tc.name, map[string][]byte{fleet.FleetFile: []byte(tc.edits.Replace(string(w.files[fleet.FleetFile])))})
+			w.forge.AddCommit(broken)
+			w.src.Trigger()
+			summary(broken, "acme/fleet", commitstatus.Failure)
+		})
+	}
+}

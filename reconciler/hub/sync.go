@@ -55,9 +55,11 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	log := s.log.With("commit", head)
 	// gitsource names the changed paths; the fleet model says which clusters they touch.
 	f, aff := s.loadHead(snap.FS(), fleet.Change{All: ch.All, Reason: ch.Reason, Paths: ch.Paths, FirstChange: ch.FirstChange})
-	s.mu.Lock()
-	s.prefix = f.StatusContextPrefix()
-	s.mu.Unlock()
+	if f.StatesStatusContextPrefix() && f.Spec.Spec.Tenant == s.opts.Tenant {
+		s.mu.Lock()
+		s.prefix = f.StatusContextPrefix()
+		s.mu.Unlock()
+	}
 
 	if f.Spec != nil && f.Spec.Spec.Tenant != s.opts.Tenant {
 		// Tenant isolation: a source writes its own namespace only, whatever the
