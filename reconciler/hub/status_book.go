@@ -68,6 +68,10 @@ type statusBook struct {
 
 type commitMode struct {
 	summarized bool
+	// wave is set when the commit's statuses were first posted in a wave and it was not
+	// the head: the next ones its clusters' agents report (as they come back after a
+	// hub's restart) are of the wave too. Someone may wait for the head's.
+	wave bool
 	// clusters are those with a status on the commit, until it is summarized.
 	clusters map[string]bool
 }
@@ -154,7 +158,7 @@ func (b *statusBook) submission(m *commitMode, name string) commitstatus.Submiss
 		}
 	}
 	lane := commitstatus.Urgent
-	if m.summarized || n > b.laneThreshold() {
+	if m.summarized || m.wave || n > b.laneThreshold() {
 		lane = commitstatus.Bulk
 	}
 	return commitstatus.Submission{Lane: lane, FailuresOnly: m.summarized}
@@ -186,8 +190,9 @@ type release struct {
 // clusters than the threshold, and its statuses are returned to be posted. A sync that
 // held more statuses than the threshold in all is a wave whatever its commits, as a
 // hub's first read is (each cluster's status goes on the commit that last changed it):
-// its statuses go in the Bulk lane, behind any change's that someone waits for.
-func (b *statusBook) endSync() []release {
+// its statuses go in the Bulk lane, behind any change's that someone waits for, and so
+// do the later statuses of its commits but head, the sync's.
+func (b *statusBook) endSync(head string) []release {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.syncing = false
@@ -206,6 +211,7 @@ func (b *statusBook) endSync() []release {
 		if !m.summarized && b.threshold >= 0 && len(m.clusters)+len(held) > b.threshold {
 			m.summarized, m.clusters = true, nil
 		}
+		m.wave = m.wave || (wave && commit != head)
 		for _, st := range held {
 			sub := b.submission(m, clusterName(st.Context))
 			if wave {
@@ -281,7 +287,10 @@ func (s *Source) submit(commit string, st commitstatus.Status, sub commitstatus.
 
 // endSync posts what the sync held.
 func (s *Source) endSync() {
-	for _, r := range s.book.endSync() {
+	s.mu.Lock()
+	head := s.head
+	s.mu.Unlock()
+	for _, r := range s.book.endSync(head) {
 		s.submit(r.commit, r.st, r.sub)
 	}
 }

@@ -124,7 +124,8 @@ func drained(t *testing.T, s *Source, srv *githubtest.Server, head, says string)
 
 // A hub's first read posts each cluster's status on the commit that last changed it:
 // as many commits as clusters, each read and posted once. That is a wave, whatever its
-// commits: a change someone waits for, made meanwhile, is posted ahead of it.
+// commits, and so are the statuses its clusters' agents report next on those commits as
+// they come back: a change someone waits for, made meanwhile, is posted ahead of them.
 func TestAChangeMadeDuringAHubsFirstReadIsPostedAheadOfIt(t *testing.T) {
 	const clusters = 60
 	srv := githubtest.Start(t)
@@ -155,6 +156,11 @@ func TestAChangeMadeDuringAHubsFirstReadIsPostedAheadOfIt(t *testing.T) {
 		return n >= 10, fmt.Sprintf("%d requests", n)
 	})
 
+	// The agents come back, each a report on its commit.
+	for i := range clusters {
+		s.post(ctx, first[i], commitstatus.Status{Context: s.context(fmt.Sprintf("gpu-%05d", i)), State: commitstatus.Success, Description: "ready, connected"})
+	}
+
 	change := srv.NewCommit()
 	s.book.beginSync()
 	s.post(ctx, change, commitstatus.Status{Context: s.context("gpu-00000"), State: commitstatus.Pending, Description: "waiting for the agent"})
@@ -170,4 +176,36 @@ func TestAChangeMadeDuringAHubsFirstReadIsPostedAheadOfIt(t *testing.T) {
 		t.Errorf("the change's status waited until %d of the first read's %d were posted", posted, clusters)
 	}
 	t.Logf("the change's status posted after %d of the first read's %d", posted, clusters)
+}
+
+// After a wave of many commits (a hub's first read), what the agents report next on
+// those commits goes in the Bulk lane too; on the head, which someone may have just
+// pushed, it goes in the Urgent lane.
+func TestReportsOnAWavesCommitsStayInItsLaneButTheHeadsDoNot(t *testing.T) {
+	b := newStatusBook(DefaultSummaryThreshold)
+	commits := make([]string, 2*DefaultSummaryThreshold)
+	b.beginSync()
+	for i := range commits {
+		commits[i] = fmt.Sprintf("%040x", i)
+		if _, now := b.cluster(commits[i], fmt.Sprintf("gpu-%05d", i), commitstatus.Status{Context: fmt.Sprintf("flotilla/gpu-%05d", i), State: commitstatus.Pending}); now {
+			t.Fatalf("a status of the sync's commit %d was not held", i)
+		}
+	}
+	head := commits[len(commits)-1]
+	for _, r := range b.endSync(head) {
+		if r.sub.Lane != commitstatus.Bulk {
+			t.Fatalf("the wave's status of %s on %s goes %s", r.st.Context, r.commit[:8], r.sub.Lane)
+		}
+	}
+	for i, c := range commits {
+		name := fmt.Sprintf("gpu-%05d", i)
+		sub, now := b.cluster(c, name, commitstatus.Status{Context: "flotilla/" + name, State: commitstatus.Success})
+		want := commitstatus.Bulk
+		if c == head {
+			want = commitstatus.Urgent
+		}
+		if !now || sub.Lane != want {
+			t.Fatalf("a report on commit %d goes %s (posted now: %v), want %s", i, sub.Lane, now, want)
+		}
+	}
 }
