@@ -188,6 +188,7 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 		}
 		room := s.opts.PullRequestsTotal - total
 		listed := pr.Head
+		before := s.prs.stats().Bytes
 		if err := s.fetchPullRequest(ctx, pr, room); err != nil {
 			if ctx.Err() != nil {
 				// It took the time that was left: the others go first next time.
@@ -199,8 +200,13 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 			continue
 		}
 		delete(s.slow, localRef(pr))
+		// What it brought stays in the copy until the next pruning, read or not: a pull
+		// request that is not read is charged that, or each after it could bring as much
+		// again.
+		brought := s.prs.stats().Bytes - before
 		added, _, err := walk(s.prs, []plumbing.Hash{pr.Head}, PullRequestDepth, held)
 		if err != nil {
+			total += brought
 			pr.Err = err
 			continue
 		}
@@ -209,6 +215,7 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 			size += int64(len(o.data))
 		}
 		if size > room {
+			total += brought
 			pr.Err = s.crowded(pr)
 			continue
 		}

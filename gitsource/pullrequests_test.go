@@ -342,6 +342,58 @@ func TestPullRequestsPastWhatTheHubHoldsAtOnceWaitTheirTurn(t *testing.T) {
 	}
 }
 
+// What a pull request that did not fit brought stays in the copy until the next
+// pruning, and counts against what the hub holds of pull requests at once: otherwise
+// each pull request after it could bring as much again. Those after #1 here are stacked
+// on #12, whose content the copy holds from the first pass: each needs little from the
+// server but is charged #12's content too, which no pull request read before it holds.
+func TestPullRequestsThatDidNotFitBringNoMoreThanTheHubHoldsAtOnce(t *testing.T) {
+	const total = 250 << 10
+	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+	payload := func(n, size int) map[string][]byte {
+		return map[string][]byte{fmt.Sprintf("clusters/%s/payload-%d.bin", fleetgen.ExampleCluster, n): randomFile(uint64(1000+n), size)}
+	}
+	for n := 1; n <= 11; n++ {
+		branch := fmt.Sprintf("pr-%d", n)
+		repo.Commit(branch, "a small change", map[string][]byte{"README.md": fmt.Appendf(nil, "pull request %d\n", n)})
+		repo.SetRef(fmt.Sprintf("refs/pull/%d/head", n), branch)
+	}
+	repo.Commit("pr-12", "a large file", payload(12, 100<<10))
+	repo.SetRef("refs/pull/12/head", "pr-12")
+	s, err := gitsource.New(gitsource.Options{URL: repo.URL(), Branch: "main", PullRequestsTotal: total, PullRequestLimits: gitsource.Limits{Bytes: 220 << 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prs, err := s.PullRequests(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pr := range prs {
+		if pr.Err != nil {
+			t.Fatalf("first pass: #%d: %v", pr.Number, pr.Err)
+		}
+	}
+	before := s.Memory().PullRequests.Bytes
+
+	repo.Commit("pr-1", "a larger file", payload(1, 200<<10))
+	repo.SetRef("refs/pull/1/head", "pr-1")
+	for n := 2; n <= 11; n++ {
+		branch := fmt.Sprintf("pr-%d-on-12", n)
+		repo.Branch("pr-12", branch)
+		repo.Commit(branch, "a file on top of #12", payload(n, 40<<10))
+		repo.SetRef(fmt.Sprintf("refs/pull/%d/head", n), branch)
+	}
+	if prs, err = s.PullRequests(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if prs[0].Number != 1 || prs[0].Err != nil {
+		t.Fatalf("#%d: %v; want #1 read", prs[0].Number, prs[0].Err)
+	}
+	if grew := s.Memory().PullRequests.Bytes - before; grew > total {
+		t.Fatalf("the pull requests' copy grew by %d KiB in one pass, past the %d KiB the hub holds of pull requests at once", grew>>10, total>>10)
+	}
+}
+
 // A pull request with a directory wider than the budget is refused at its fetch,
 // before any of the directory's entries is read, in words its author can act on.
 func TestPullRequestWithAWideDirectoryIsRefused(t *testing.T) {
