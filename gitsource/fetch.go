@@ -2,6 +2,7 @@ package gitsource
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
@@ -32,7 +33,7 @@ func (s *Source) open(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, s.wrap("connecting to", err)
 	}
-	up, err := cl.NewUploadPackSession(ep, s.opts.Auth)
+	up, err := s.connect(ctx, cl, ep)
 	if err != nil {
 		return nil, s.wrap("connecting to", err)
 	}
@@ -47,6 +48,45 @@ func (s *Source) open(ctx context.Context) (*session, error) {
 		return nil, s.wrap("listing refs", err)
 	}
 	return &session{UploadPackSession: up, adv: adv, refs: refs}, nil
+}
+
+// errHanging is the error of a connection tried while the last one given up on has not
+// ended.
+var errHanging = errors.New("the server has not answered the last connection yet")
+
+// connect starts an upload-pack session with the remote, given up when ctx ends. Over
+// SSH, go-git connects, shakes hands and starts upload-pack with neither a deadline nor
+// a context: a server that accepts the connection and never answers would hold the
+// source's lock, and with it the branch or the pull requests, for good. A connection
+// given up on is left to end on its own, and closed when it does; until then the next
+// one fails at once, so that a server that never answers costs one connection, not one
+// per try.
+func (s *Source) connect(ctx context.Context, cl transport.Transport, ep *transport.Endpoint) (transport.UploadPackSession, error) {
+	if s.hanging.Load() > 0 {
+		return nil, errHanging
+	}
+	type result struct {
+		up  transport.UploadPackSession
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		up, err := cl.NewUploadPackSession(ep, s.opts.Auth)
+		done <- result{up, err}
+	}()
+	select {
+	case r := <-done:
+		return r.up, r.err
+	case <-ctx.Done():
+		s.hanging.Add(1)
+		go func() {
+			if r := <-done; r.err == nil {
+				r.up.Close()
+			}
+			s.hanging.Add(-1)
+		}()
+		return nil, ctx.Err()
+	}
 }
 
 // ref is what the remote's ref name points at, or the zero hash.

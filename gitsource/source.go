@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/object"
@@ -79,6 +80,9 @@ type Source struct {
 	prs     *store
 	refused map[plumbing.ReferenceName]*BudgetError
 	slow    map[plumbing.ReferenceName]plumbing.Hash
+
+	// hanging counts the connections given up on that have not ended (see connect).
+	hanging atomic.Int32
 }
 
 // Snapshot is the fleet repository at one commit.

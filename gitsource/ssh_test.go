@@ -1,18 +1,23 @@
 package gitsource_test
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/pem"
+	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
+	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
 func newSSHKey(t *testing.T) (ssh.PublicKey, []byte) {
@@ -90,4 +95,80 @@ func TestSSH(t *testing.T) {
 	if _, err := gitsource.SSHAuth("git", key, nil, nil); err == nil {
 		t.Fatal("SSH without known_hosts was accepted")
 	}
+}
+
+// An SSH server that accepts the connection and never answers fails the fetch when its
+// context ends, rather than holding the source for good, and costs one connection
+// however often the hub tries again, until that connection ends.
+func TestAnSSHServerThatNeverAnswersFailsTheFetchInTime(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				close(conns)
+				return
+			}
+			conns <- c
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		for c := range conns {
+			c.Close()
+		}
+	})
+	hostKey, key := newSSHKey(t)
+	port := l.Addr().(*net.TCPAddr).Port
+	auth, err := gitsource.SSHAuth("git", key, nil, fmt.Appendf(nil, "[127.0.0.1]:%d %s", port, ssh.MarshalAuthorizedKey(hostKey)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := gitsource.New(gitsource.Options{URL: fmt.Sprintf("ssh://git@127.0.0.1:%d/fleet.git", port), Branch: "main", Auth: auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetch := func() error {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { _, err := s.Fetch(ctx); done <- err }()
+		var err error
+		poll.Until(t, "the fetch given up", func() (bool, string) {
+			select {
+			case err = <-done:
+				return true, ""
+			default:
+				return false, "it still waits for the server"
+			}
+		})
+		if err == nil {
+			t.Fatal("a fetch from a server that never answers succeeded")
+		}
+		return err
+	}
+	fetch()
+	first := <-conns
+	for range 3 {
+		if err := fetch(); !strings.Contains(err.Error(), "has not answered the last connection") {
+			t.Fatalf("a fetch while the first connection hangs: %v", err)
+		}
+	}
+	select {
+	case <-conns:
+		t.Fatal("a fetch connected again while the first connection hung")
+	default:
+	}
+	// The first connection ends: the next fetch connects again.
+	first.Close()
+	poll.Until(t, "a fetch that connects again", func() (bool, string) {
+		err := fetch()
+		return !strings.Contains(err.Error(), "has not answered"), err.Error()
+	})
+	<-conns
 }
