@@ -191,8 +191,10 @@ type release struct {
 // held more statuses than the threshold in all is a wave whatever its commits, as a
 // hub's first read is (each cluster's status goes on the commit that last changed it):
 // its statuses go in the Bulk lane, behind any change's that someone waits for, and so
-// do the later statuses of its commits but head, the sync's.
-func (b *statusBook) endSync(head string) []release {
+// do the later statuses of its commits but head, the sync's. submit is called with each
+// before the hold ends: a newer status of the same cluster, recorded once it has, is
+// submitted after it and replaces it, never the other way round.
+func (b *statusBook) endSync(head string, submit func(release)) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.syncing = false
@@ -201,7 +203,6 @@ func (b *statusBook) endSync(head string) []release {
 		total += len(held)
 	}
 	wave := total > b.laneThreshold()
-	var out []release
 	for commit, held := range b.held {
 		m := &commitMode{clusters: map[string]bool{}}
 		if v, ok := b.modes.Get(commit); ok {
@@ -217,11 +218,10 @@ func (b *statusBook) endSync(head string) []release {
 			if wave {
 				sub.Lane = commitstatus.Bulk
 			}
-			out = append(out, release{commit: commit, st: st, sub: sub})
+			submit(release{commit: commit, st: st, sub: sub})
 		}
 	}
 	clear(b.held)
-	return out
 }
 
 // snapshot is a copy of commit's page, false when it is not kept.
@@ -290,7 +290,6 @@ func (s *Source) endSync() {
 	s.mu.Lock()
 	head := s.head
 	s.mu.Unlock()
-	for _, r := range s.book.endSync(head) {
-		s.submit(r.commit, r.st, r.sub)
-	}
+	// The publisher's Submit only queues: it is no work to do under the book's lock.
+	s.book.endSync(head, func(r release) { s.submit(r.commit, r.st, r.sub) })
 }
