@@ -136,7 +136,7 @@ func (s *Source) publishFleet(ctx context.Context) {
 	}
 	for name, st := range s.states {
 		switch {
-		case s.retry[name]:
+		case s.retry[name] != "":
 		case st == commitstatus.Success:
 			ready++
 		case st == commitstatus.Failure, st == commitstatus.Error:

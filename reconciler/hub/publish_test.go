@@ -27,7 +27,7 @@ func TestTheFleetSummaryCountsTheFleetAndWarnsOfClustersLeftOutOfAFullPool(t *te
 		name     string
 		states   map[string]commitstatus.State
 		poolFull map[string]string
-		retry    map[string]bool
+		retry    map[string]string
 		state    commitstatus.State
 		says     string
 	}{
@@ -42,7 +42,7 @@ func TestTheFleetSummaryCountsTheFleetAndWarnsOfClustersLeftOutOfAFullPool(t *te
 			commitstatus.Failure, "9,990 of 10,000 clusters ready, 10 failing"},
 		// Their agents report them ready, with what they had before the change.
 		{"clusters the hub failed to reconcile fail whatever their agents report", map[string]commitstatus.State{"a": commitstatus.Success, "b": commitstatus.Success, "c": commitstatus.Pending},
-			nil, map[string]bool{"b": true, "new": true},
+			nil, map[string]string{"b": "c0ffee", "new": "c0ffee"},
 			commitstatus.Pending, "1 of 4 clusters ready, 2 failing · 2 on a fault of the hub, retrying"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -90,8 +90,10 @@ type Source struct {
 	// invalid are the clusters of the last head whose directory does not validate.
 	invalid map[string]string
 	// retry are the clusters whose last reconcile failed on the hub's side (the hub
-	// cluster's API, a KMS): the next sync tries them again even if the head is the same.
-	retry map[string]bool
+	// cluster's API, a KMS), each with the commit its status went on: the next sync tries
+	// them again even if the head is the same, and posts on that commit again unless the
+	// cluster changed since.
+	retry map[string]string
 	// fleetError is set while the head is not applied: fleet.yaml, a preset or the
 	// head's budgets do not validate, or it names another tenant.
 	fleetError string
@@ -136,7 +138,7 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{hub: h, opts: opts, git: g, log: h.opts.Log.With("tenant", opts.Tenant, "repository", gitsource.RedactURL(opts.Git.URL)),
-		prefix: fleet.DefaultStatusContextPrefix, states: map[string]commitstatus.State{}, invalid: map[string]string{}, retry: map[string]bool{}, waitingRemovals: map[string]bool{}, pruneTimers: map[string]*time.Timer{}, gone: map[string]types.UID{},
+		prefix: fleet.DefaultStatusContextPrefix, states: map[string]commitstatus.State{}, invalid: map[string]string{}, retry: map[string]string{}, waitingRemovals: map[string]bool{}, pruneTimers: map[string]*time.Timer{}, gone: map[string]types.UID{},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		planWake: make(chan struct{}, 1), dispatchWake: make(chan struct{}, 1), quotas: map[string]corev1.ResourceList{}, registered: map[string]bool{}, poolFull: map[string]string{}}
 	s.book = newStatusBook(opts.SummaryThreshold)

@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,12 +16,15 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"filippo.io/age"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
@@ -456,5 +460,53 @@ func TestABrokenFleetFileFailsUnderThePrefixTheFleetStatedLast(t *testing.T) {
 			w.src.Trigger()
 			summary(broken, "acme/fleet", commitstatus.Failure)
 		})
+	}
+}
+
+// A cluster the hub failed to reconcile shows the fault on the commit that changed it,
+// and, retried on the next sync, what became of it on that same commit: not on the
+// next head, which did not touch it.
+func TestARetriedClusterIsPostedOnTheCommitThatChangedIt(t *testing.T) {
+	x, y := fleetgen.ClusterName(0), fleetgen.ClusterName(1)
+	var refuse atomic.Bool
+	w := startWave(t, waveOptions{clusters: 2, threshold: DefaultSummaryThreshold, calls: &interceptor.Funcs{
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if _, ok := obj.(*v1alpha1.WorkerCluster); ok && obj.GetName() == x && refuse.Load() {
+				return apierrors.NewForbidden(schema.GroupResource{Group: v1alpha1.GroupVersion.Group, Resource: "workerclusters"}, x, errors.New("an admission policy said no"))
+			}
+			return c.Update(ctx, obj, opts...)
+		}}})
+	w.desiredRecorded(client.ObjectKey{Namespace: w.ns, Name: x})
+	latest := func(commit, name string) (forge.Record, bool) {
+		for _, r := range w.forge.Store.Latest(commit) {
+			if r.Context == "flotilla/"+name {
+				return r, true
+			}
+		}
+		return forge.Record{}, false
+	}
+	cordon := func(name string) string {
+		file := fleet.ClustersDir + "/" + name + "/" + fleet.ClusterFile
+		return w.commit("main", "cordon "+name, map[string][]byte{file: w.edit(file, "cordoned: false", "cordoned: true")})
+	}
+
+	refuse.Store(true)
+	changed := cordon(x)
+	w.src.Trigger()
+	poll.Until(t, "the fault on "+x+"'s commit", func() (bool, string) {
+		r, _ := latest(changed, x)
+		return r.State == "error", fmt.Sprintf("%s %q", r.State, r.Description)
+	})
+
+	refuse.Store(false)
+	next := cordon(y)
+	w.src.Trigger()
+	poll.Until(t, x+"'s retry on its commit", func() (bool, string) {
+		r, _ := latest(changed, x)
+		_, posted := latest(next, y)
+		return r.State != "error" && posted, fmt.Sprintf("%s %q; %s posted on the next head: %v", r.State, r.Description, y, posted)
+	})
+	if r, ok := latest(next, x); ok {
+		t.Errorf("the next head, which did not touch %s, holds its status %s %q", x, r.State, r.Description)
 	}
 }

@@ -26,8 +26,9 @@ import (
 func (s *Source) syncBranch(ctx context.Context) error {
 	s.mu.Lock()
 	last := s.last
-	retrying := slices.Sorted(maps.Keys(s.retry))
+	retryAt := maps.Clone(s.retry)
 	s.mu.Unlock()
+	retrying := slices.Sorted(maps.Keys(retryAt))
 	began := time.Now()
 	fetchCtx, cancel := context.WithTimeout(ctx, s.hub.opts.FetchTimeout)
 	snap, ch, err := s.git.Update(fetchCtx, last)
@@ -111,7 +112,7 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	s.mu.Lock()
 	s.applying = true
 	s.mu.Unlock()
-	s.reconcileNames(ctx, log, f, names, existing, attribution(ch, head, f), fleetErr)
+	s.reconcileNames(ctx, log, f, names, existing, retried(attribution(ch, head, f), aff, retryAt), fleetErr)
 	s.setHead(snap.Commit, f, fleetErr)
 	s.publishFleet(ctx)
 	s.wakeDispatch()
@@ -197,6 +198,25 @@ func attribution(ch gitsource.Changes, head string, f *fleet.Fleet) func(cluster
 	}
 }
 
+// retried is attr but for the clusters retried after a fault of the hub's that the head
+// did not change (aff): their statuses go on the commit they failed on, which is still
+// the newest that changed them, and not on one that has nothing to do with them.
+func retried(attr func(cluster string) string, aff fleet.Affected, retryAt map[string]string) func(cluster string) string {
+	if len(retryAt) == 0 || aff.All {
+		return attr
+	}
+	changed := make(map[string]bool, len(aff.Clusters))
+	for _, name := range aff.Clusters {
+		changed[name] = true
+	}
+	return func(name string) string {
+		if at := retryAt[name]; at != "" && !changed[name] {
+			return at
+		}
+		return attr(name)
+	}
+}
+
 // reconcileName brings one cluster of the head to the hub: enrolled or updated,
 // decommissioned when its directory is gone, or failed alone. head is the commit its
 // status goes on (attribution). p is what prepare made of it, when it is in the head
@@ -243,7 +263,7 @@ func (s *Source) reconcileName(ctx context.Context, log *slog.Logger, f *fleet.F
 	}
 	s.mu.Lock()
 	if err != nil {
-		s.retry[name] = true
+		s.retry[name] = head
 	} else {
 		delete(s.retry, name)
 	}
