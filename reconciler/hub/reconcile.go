@@ -23,8 +23,24 @@ import (
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
-// inputsDigest changes whenever the cluster's directory or a fleet-wide input does.
-func inputsDigest(f *fleet.Fleet, c *fleet.Cluster) string {
+// inputsDigest changes whenever the cluster's directory, fleet.yaml's spec or what the
+// cluster renders to (rendered, its hash; empty when it does not render) does. The
+// presets count by what they make of the cluster, not by their files: a comment in a
+// preset, or a change to a preset the cluster does not use, is no change to it, and
+// costs no write and no status of it.
+func inputsDigest(f *fleet.Fleet, c *fleet.Cluster, rendered string) string {
+	h := sha256.New()
+	h.Write([]byte(c.Digest))
+	spec, _ := json.Marshal(f.Spec)
+	h.Write(spec)
+	h.Write([]byte("\x00rendered\x00" + rendered))
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// filesDigest is the digest hubs recorded before inputsDigest, which every preset's
+// files changed. A cluster recorded with it keeps it, and its commit, until one of the
+// inputs it names changes: a hub's upgrade moves no cluster's status to the head.
+func filesDigest(f *fleet.Fleet, c *fleet.Cluster) string {
 	h := sha256.New()
 	h.Write([]byte(c.Digest))
 	spec, _ := json.Marshal(f.Spec)
@@ -108,7 +124,11 @@ func (s *Source) prepare(ctx context.Context, f *fleet.Fleet, c *fleet.Cluster, 
 // again.
 func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.Cluster, head string, p prepared) error {
 	identity := fleet.Identity(s.opts.Tenant, c.Name)
-	digest := inputsDigest(f, c)
+	var rendered string
+	if p.res != nil {
+		rendered = p.res.Hash
+	}
+	digest := inputsDigest(f, c, rendered)
 	// The list the sync started from may be behind the hub's own last write of it.
 	wc, err := s.current(ctx, c.Name)
 	if err != nil {
@@ -155,8 +175,14 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 	s.mu.Unlock()
 
 	commit := head
-	if src := sourceOf(wc); src.InputsDigest == digest && src.Commit != "" {
-		commit = src.Commit // nothing of it changed
+	if src := sourceOf(wc); src.Commit != "" {
+		// Nothing of it changed.
+		switch src.InputsDigest {
+		case digest:
+			commit = src.Commit
+		case filesDigest(f, c):
+			commit, digest = src.Commit, src.InputsDigest
+		}
 	}
 	key := client.ObjectKey{Namespace: s.opts.Namespace, Name: c.Name}
 	want, err := s.writeWorkerCluster(ctx, c.Name, wc, func(want *v1alpha1.WorkerCluster) {

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"filippo.io/age"
@@ -508,5 +509,52 @@ func TestARetriedClusterIsPostedOnTheCommitThatChangedIt(t *testing.T) {
 	})
 	if r, ok := latest(next, x); ok {
 		t.Errorf("the next head, which did not touch %s, holds its status %s %q", x, r.State, r.Description)
+	}
+}
+
+// A hub upgraded from one that recorded each cluster's source with the digest of every
+// preset's files keeps each cluster's commit: the head, which did not change the cluster,
+// does not take its status.
+func TestAClusterRecordedWithTheFormerDigestKeepsItsCommitThroughAnUpgrade(t *testing.T) {
+	x, y := fleetgen.ClusterName(0), fleetgen.ClusterName(1)
+	w := startWaveHub(t, 2, DefaultSummaryThreshold)
+	key := client.ObjectKey{Namespace: w.ns, Name: x}
+	w.desiredRecorded(key)
+	first := w.stored(key).SourceCommit()
+	file := fleet.ClustersDir + "/" + y + "/" + fleet.ClusterFile
+	head := w.commit("main", "cordon "+y, map[string][]byte{file: w.edit(file, "cordoned: false", "cordoned: true")})
+	w.src.Trigger()
+	poll.Until(t, "the head synced", func() (bool, string) {
+		w.src.mu.Lock()
+		defer w.src.mu.Unlock()
+		return w.src.head == head, w.src.head
+	})
+	w.stop()
+
+	// x as the hub before the upgrade recorded it.
+	fsys := fstest.MapFS{}
+	for p, data := range w.files {
+		fsys[p] = &fstest.MapFile{Data: data}
+	}
+	f := fleet.Load(fsys)
+	former := filesDigest(f, f.Clusters[x])
+	wc := w.stored(key)
+	if wc.SourceCommit() != first || first == head {
+		t.Fatalf("%s's source is %s before the upgrade, want %s, not the head", x, wc.SourceCommit(), first)
+	}
+	patch := client.MergeFrom(wc.DeepCopy())
+	wc.Status.Source.InputsDigest = former
+	if err := planes[0].Client.Status().Patch(t.Context(), wc, patch); err != nil {
+		t.Fatal(err)
+	}
+
+	upgraded := startWave(t, waveOptions{threshold: DefaultSummaryThreshold, restarts: w})
+	poll.Until(t, "the upgraded hub's first sync", func() (bool, string) {
+		upgraded.src.mu.Lock()
+		defer upgraded.src.mu.Unlock()
+		return upgraded.src.head == head, upgraded.src.head
+	})
+	if got := w.stored(key).Status.Source; got.Commit != first || got.InputsDigest != former {
+		t.Fatalf("after the upgrade %s's source is %+v, want commit %s with the former digest", x, got, first)
 	}
 }

@@ -34,6 +34,7 @@ func TestACommitCostsTheHubClusterWhatItChangesAndNoMore(t *testing.T) {
 	fleetFile := w.file(fleet.FleetFile)
 	cordoned := fleetgen.ClusterName(3)
 	clusterFile := fleet.ClustersDir + "/" + cordoned + "/" + fleet.ClusterFile
+	presetFile := fleet.PresetsDir + "/gpu/queues.yaml"
 
 	for _, tc := range []struct {
 		name    string
@@ -47,6 +48,8 @@ func TestACommitCostsTheHubClusterWhatItChangesAndNoMore(t *testing.T) {
 		{name: "a commit outside the clusters' inputs", changes: map[string][]byte{"README.md": []byte("nothing the hub reads\n")}},
 		{name: "a fleet-wide commit that changes no cluster's state", changes: map[string][]byte{
 			fleet.FleetFile: []byte(fleetFile + "# a comment re-reads and re-renders every cluster\n")}},
+		{name: "a comment in a preset, which changes no cluster's state", changes: map[string][]byte{
+			presetFile: []byte(w.file(presetFile) + "# a comment re-renders every cluster of the preset\n")}},
 		// Its WorkerCluster's spec, and its status: the state sent, acknowledged.
 		{name: "a commit that changes one cluster", waitFor: cordoned, writes: map[string]int{"update": 1, "patch": 1}, changes: map[string][]byte{
 			clusterFile: []byte(strings.Replace(w.file(clusterFile), "cordoned: false", "cordoned: true", 1))}},
