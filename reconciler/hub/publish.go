@@ -111,7 +111,8 @@ func (s *Source) publish(ctx context.Context, wc *v1alpha1.WorkerCluster) {
 
 // publishFleet posts the fleet's summary on the head: how many of the fleet's clusters
 // are ready and how many fail, linking to the hub's page of the head, which lists every
-// cluster's state (status_book.go says why a large change leans on it).
+// cluster's state (status_book.go says why a large change leans on it). A push whose
+// older commit changed every cluster gets it on that commit too, linking to its page.
 func (s *Source) publishFleet(ctx context.Context) {
 	s.mu.Lock()
 	if s.applying {
@@ -119,7 +120,7 @@ func (s *Source) publishFleet(ctx context.Context) {
 		s.mu.Unlock()
 		return
 	}
-	head, fleetErr, waiting := s.head, s.fleetError, len(s.waitingRemovals)
+	head, wide, fleetErr, waiting := s.head, s.wide, s.fleetError, len(s.waitingRemovals)
 	var full []string
 	for _, pool := range s.poolFull {
 		full = append(full, pool)
@@ -184,6 +185,10 @@ func (s *Source) publishFleet(ctx context.Context) {
 			leftOut, plural(leftOut, "cluster", "clusters"), v1alpha1.MaxPoolClusters, strings.Join(full, ", "))
 	}
 	s.post(ctx, head, st)
+	if wide != "" {
+		st.TargetURL = s.commitURL(wide)
+		s.post(ctx, wide, st)
+	}
 }
 
 // commitURL is where the hub serves the page of commit, empty without a public URL.

@@ -78,9 +78,13 @@ type Source struct {
 	// summary coalesces the posts of the fleet's summary (summary.go).
 	summary summaryWake
 
-	mu     sync.Mutex
-	last   plumbing.Hash
-	head   string
+	mu   sync.Mutex
+	last plumbing.Hash
+	head string
+	// wide is the commit of the head's push before it that changed every cluster, if
+	// any: it shows the fleet's summary too, since the statuses of its clusters are
+	// summarized on it and nothing else would tell what became of them.
+	wide   string
 	prefix string
 	// states are the clusters' last published statuses, for the fleet's summary.
 	states map[string]commitstatus.State
@@ -242,9 +246,16 @@ func (s *Source) prefixNow() string {
 }
 
 func (s *Source) setHead(h plumbing.Hash, f *fleet.Fleet, fleetErr string) {
+	s.setHeadOfPush(h, f, fleetErr, "")
+}
+
+// setHeadOfPush is setHead for a head whose push also brought wide, an older commit
+// that changed every cluster (none when empty).
+func (s *Source) setHeadOfPush(h plumbing.Hash, f *fleet.Fleet, fleetErr, wide string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.last, s.head, s.fleet, s.fleetError, s.applying = h, h.String(), f, fleetErr, false
+	s.wide = wide
 }
 
 func (s *Source) context(name string) string {

@@ -558,3 +558,24 @@ func TestAClusterRecordedWithTheFormerDigestKeepsItsCommitThroughAnUpgrade(t *te
 		t.Fatalf("after the upgrade %s's source is %+v, want commit %s with the former digest", x, got, first)
 	}
 }
+
+// A push of a commit that changes every cluster followed by one that changes one shows
+// the fleet's summary on both: the statuses of the first commit's clusters are summarized
+// on it, and without a summary it would show nothing of them.
+func TestAPushsFleetWideCommitBelowItsHeadShowsTheSummaryToo(t *testing.T) {
+	const clusters, threshold = 8, 3
+	w := startWaveHub(t, clusters, threshold)
+	w.settled(w.repo.Head("main"), func(st commitstatus.Status) bool { return st.State != "" })
+	wide := w.commit("main", "a second workload namespace everywhere", map[string][]byte{fleet.FleetFile: w.edit(fleet.FleetFile, "    - ml-training\n", "    - ml-training\n    - ml-eval\n")})
+	file := fleet.ClustersDir + "/" + fleetgen.ClusterName(2) + "/" + fleet.ClusterFile
+	head := w.commit("main", "cordon one cluster", map[string][]byte{file: w.edit(file, "cordoned: false", "cordoned: true")})
+	w.src.Trigger()
+	w.settled(head, func(st commitstatus.Status) bool { return strings.Contains(st.Description, "of 8 clusters") })
+	got := w.settled(wide, func(st commitstatus.Status) bool { return strings.Contains(st.Description, "of 8 clusters") })
+	if want := wavePublicURL + CommitPath("fleet", wide); got["flotilla/fleet"].TargetURL != want {
+		t.Errorf("the fleet-wide commit's summary links to %q, want its page %q", got["flotilla/fleet"].TargetURL, want)
+	}
+	if _, ok := got["flotilla/"+fleetgen.ClusterName(2)]; ok {
+		t.Errorf("the fleet-wide commit holds the status of %s, which the head changed after it", fleetgen.ClusterName(2))
+	}
+}

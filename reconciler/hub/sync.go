@@ -112,8 +112,9 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	s.mu.Lock()
 	s.applying = true
 	s.mu.Unlock()
-	s.reconcileNames(ctx, log, f, names, existing, retried(attribution(ch, head, f), aff, retryAt), fleetErr)
-	s.setHead(snap.Commit, f, fleetErr)
+	attr, wide := attribution(ch, head, f)
+	s.reconcileNames(ctx, log, f, names, existing, retried(attr, aff, retryAt), fleetErr)
+	s.setHeadOfPush(snap.Commit, f, fleetErr, wide)
 	s.publishFleet(ctx)
 	s.wakeDispatch()
 	return nil
@@ -170,10 +171,11 @@ func (s *Source) reconcileNames(ctx context.Context, log *slog.Logger, f *fleet.
 // commits along the branch's line, the newest that changed the cluster's inputs (its
 // directory, a file it links to, or a fleet-wide file), so that the commit that
 // changed a cluster shows what became of it; the head when the push was one commit, or
-// none of its commits names the cluster.
-func attribution(ch gitsource.Changes, head string, f *fleet.Fleet) func(cluster string) string {
+// none of its commits names the cluster. wide is the commit of the push, other than the
+// head, that changed every cluster, empty for none.
+func attribution(ch gitsource.Changes, head string, f *fleet.Fleet) (attr func(cluster string) string, wide string) {
 	if len(ch.Commits) == 0 {
-		return func(string) string { return head }
+		return func(string) string { return head }, ""
 	}
 	by := map[string]string{}
 	rest := head
@@ -190,12 +192,15 @@ func attribution(ch gitsource.Changes, head string, f *fleet.Fleet) func(cluster
 			}
 		}
 	}
+	if rest != head {
+		wide = rest
+	}
 	return func(name string) string {
 		if h, ok := by[name]; ok {
 			return h
 		}
 		return rest
-	}
+	}, wide
 }
 
 // retried is attr but for the clusters retried after a fault of the hub's that the head
