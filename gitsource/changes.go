@@ -193,6 +193,9 @@ func (e treeEntry) or(other treeEntry) treeEntry {
 
 func (e treeEntry) isDir() bool { return string(bytes.TrimLeft(e.mode, "0")) == "40000" }
 
+// isSubmodule reports whether e names a commit: a submodule, a gitlink in git's words.
+func (e treeEntry) isSubmodule() bool { return string(e.mode) == "160000" }
+
 // nextEntry splits the first entry off a tree's bytes.
 func nextEntry(data []byte) (treeEntry, []byte, error) {
 	sp := bytes.IndexByte(data, ' ')

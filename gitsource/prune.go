@@ -115,11 +115,17 @@ func walk(s *store, roots []plumbing.Hash, depth int, known map[plumbing.Hash]*s
 			if err != nil {
 				return nil, nil, fmt.Errorf("gitsource: tree %s: %w", h, err)
 			}
-			if e.isDir() {
+			switch {
+			case e.isDir():
 				trees = append(trees, e.hash)
-			} else if o := s.get(e.hash); o != nil && known[e.hash] == nil {
-				// A submodule's commit is not in the copy: get finds nothing.
-				objs[e.hash] = o
+			case e.isSubmodule():
+				// Another repository's commit. The copy may hold a commit of that name
+				// (a pull request may point a submodule at another's head), but kept
+				// from here it would be kept without its tree.
+			default:
+				if o := s.get(e.hash); o != nil && known[e.hash] == nil {
+					objs[e.hash] = o
+				}
 			}
 			data = rest
 		}
