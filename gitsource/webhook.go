@@ -66,18 +66,20 @@ func (h *WebhookHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBody))
+	// A delivery is refused on its headers before a byte of its body is read, and a
+	// signed one is checked as it is read, never held: a caller without the secret
+	// costs the hub its headers, whatever the size of what it sends.
+	forge, event, delivery, reason, err := h.verify(r, http.MaxBytesReader(w, r.Body, h.opts.MaxBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			h.opts.Log.Info("webhook refused", "reason", "body too large", "limit", h.opts.MaxBody)
+			h.opts.Log.Info("webhook refused", "forge", forge, "event", event, "delivery", delivery, "reason", "body too large", "limit", h.opts.MaxBody)
 			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
 			return
 		}
 		http.Error(w, "cannot read body", http.StatusBadRequest)
 		return
 	}
-	forge, event, delivery, reason := h.verify(r, body)
 	if reason != "" {
 		// The caller learns nothing about why; the operator does.
 		h.opts.Log.Info("webhook refused", "forge", forge, "event", event, "delivery", delivery, "reason", reason, "remote", r.RemoteAddr)
@@ -102,43 +104,49 @@ func (h *WebhookHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // verify tells the forge, the event and the delivery ID, and why the request is
-// refused, if it is. Gitea also sends GitHub's headers, so it is recognized first.
-func (h *WebhookHandler) verify(r *http.Request, body []byte) (forge Forge, event, delivery, reason string) {
+// refused, if it is; err is set when body, read only for a signature, could not be.
+// Gitea also sends GitHub's headers, so it is recognized first. GitLab's token is a
+// header: its body is not read at all.
+func (h *WebhookHandler) verify(r *http.Request, body io.Reader) (forge Forge, event, delivery, reason string, err error) {
 	hd := r.Header
 	switch {
 	case hd.Get("X-Gitea-Event") != "":
 		forge, event, delivery = Gitea, hd.Get("X-Gitea-Event"), hd.Get("X-Gitea-Delivery")
-		reason = h.checkHMAC(hd.Get("X-Gitea-Signature"), "", body)
+		reason, err = h.checkHMAC(hd.Get("X-Gitea-Signature"), "", body)
 	case hd.Get("X-GitHub-Event") != "":
 		forge, event, delivery = GitHub, hd.Get("X-GitHub-Event"), hd.Get("X-GitHub-Delivery")
-		reason = h.checkHMAC(hd.Get("X-Hub-Signature-256"), "sha256=", body)
+		reason, err = h.checkHMAC(hd.Get("X-Hub-Signature-256"), "sha256=", body)
 	case hd.Get("X-Gitlab-Event") != "":
 		forge, event, delivery = GitLab, hd.Get("X-Gitlab-Event"), hd.Get("X-Gitlab-Event-UUID")
 		reason = h.checkToken(hd.Get("X-Gitlab-Token"))
 	default:
 		reason = "no forge event header"
 	}
-	return forge, event, delivery, reason
+	return forge, event, delivery, reason, err
 }
 
-func (h *WebhookHandler) checkHMAC(sig, prefix string, body []byte) string {
+// checkHMAC checks the signature sig of body, read only once the signature is known to
+// be one.
+func (h *WebhookHandler) checkHMAC(sig, prefix string, body io.Reader) (string, error) {
 	if len(h.opts.Secret) == 0 {
-		return "no webhook secret is configured"
+		return "no webhook secret is configured", nil
 	}
 	if sig == "" {
-		return "unsigned"
+		return "unsigned", nil
 	}
 	hexSig, ok := strings.CutPrefix(sig, prefix)
 	got, err := hex.DecodeString(hexSig)
-	if !ok || err != nil {
-		return "malformed signature"
+	if !ok || err != nil || len(got) != sha256.Size {
+		return "malformed signature", nil
 	}
 	mac := hmac.New(sha256.New, h.opts.Secret)
-	mac.Write(body)
-	if !hmac.Equal(got, mac.Sum(nil)) {
-		return "wrong signature"
+	if _, err := io.Copy(mac, body); err != nil {
+		return "", err
 	}
-	return ""
+	if !hmac.Equal(got, mac.Sum(nil)) {
+		return "wrong signature", nil
+	}
+	return "", nil
 }
 
 func (h *WebhookHandler) checkToken(token string) string {

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -69,7 +70,7 @@ func TestWebhooks(t *testing.T) {
 		{"GitLab missing token", gitlab("Push Hook", "gl-4", ""), 401, 0, "no token"},
 		{"no forge headers", delivery{headers: map[string]string{}, body: body}, 401, 0, "no forge event header"},
 		{"GET", delivery{method: http.MethodGet, headers: map[string]string{}}, 405, 0, ""},
-		{"a body over the cap", delivery{headers: map[string]string{"X-GitHub-Event": "push"}, body: strings.Repeat("x", 2048)}, 413, 0, "body too large"},
+		{"a signed body over the cap", delivery{headers: map[string]string{"X-GitHub-Event": "push", "X-Hub-Signature-256": "sha256=" + hmacHex(secret, strings.Repeat("x", 2048))}, body: strings.Repeat("x", 2048)}, 413, 0, "body too large"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs bytes.Buffer
@@ -116,6 +117,50 @@ func TestWebhooks(t *testing.T) {
 				if rec.Code != 200 || triggers != 1 {
 					t.Fatalf("a replayed delivery: status %d, %d triggers", rec.Code, triggers)
 				}
+			}
+		})
+	}
+}
+
+// countingReader counts the bytes read from it.
+type countingReader struct {
+	r    io.Reader
+	read int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.read += n
+	return n, err
+}
+
+// A delivery its headers already refuse is refused before a byte of its body is read:
+// a caller without the secret costs the hub its headers, however much it sends.
+func TestADeliveryItsHeadersRefuseIsRefusedUnread(t *testing.T) {
+	const size = 1 << 20
+	h := gitsource.NewWebhookHandler(gitsource.WebhookOptions{Secret: []byte(secret), Log: slog.New(slog.DiscardHandler)})
+	for _, tc := range []struct {
+		name string
+		d    delivery
+	}{
+		{"GitLab, a wrong token", gitlab("Push Hook", "gl-1", "guess")},
+		{"GitLab, no token", gitlab("Push Hook", "gl-2", "")},
+		{"GitHub, unsigned", github("push", "gh-1", "")},
+		{"GitHub, a signature that is none", github("push", "gh-2", "sha256=abcd")},
+		{"no forge", delivery{headers: map[string]string{"X-Other-Event": "push"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := &countingReader{r: bytes.NewReader(bytes.Repeat([]byte("x"), size))}
+			req := httptest.NewRequest(http.MethodPost, "/v1/webhook", body)
+			for k, v := range tc.d.headers {
+				if v != "" {
+					req.Header.Set(k, v)
+				}
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != http.StatusUnauthorized || body.read != 0 {
+				t.Fatalf("status %d after reading %d bytes of the body; want 401 with none read", rec.Code, body.read)
 			}
 		})
 	}
