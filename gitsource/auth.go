@@ -107,10 +107,12 @@ func RedactError(err error, auth transport.AuthMethod, rawURL string) string {
 		msg = strings.ReplaceAll(msg, b.Password, "[REDACTED]")
 	}
 	if u, err := url.Parse(rawURL); err == nil && u.User != nil && RedactURL(rawURL) != rawURL {
-		// As written in a URL, in whichever escaping: always followed by its @.
+		// As written in a URL, in whichever escaping: followed by its @, or by the :
+		// of a password (which net/http writes as ***).
 		for _, user := range []string{u.User.String(), u.User.Username()} {
 			if user != "" {
 				msg = strings.ReplaceAll(msg, user+"@", "redacted@")
+				msg = strings.ReplaceAll(msg, user+":", "redacted:")
 			}
 		}
 	}

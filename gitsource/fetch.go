@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
+	"time"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp"
@@ -23,8 +25,9 @@ type session struct {
 	refs storer.ReferenceStorer
 }
 
-// open starts a session and reads the remote's refs.
-func (s *Source) open(ctx context.Context) (*session, error) {
+// open starts a session and reads the remote's refs; h counts the connections of its
+// kind (the branch's or the pull requests') given up on.
+func (s *Source) open(ctx context.Context, h *hangs) (*session, error) {
 	ep, err := transport.NewEndpoint(s.opts.URL)
 	if err != nil {
 		return nil, s.wrap("reading the URL of", err)
@@ -33,7 +36,7 @@ func (s *Source) open(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, s.wrap("connecting to", err)
 	}
-	up, err := s.connect(ctx, cl, ep)
+	up, err := s.connect(ctx, cl, ep, h)
 	if err != nil {
 		return nil, s.wrap("connecting to", err)
 	}
@@ -50,19 +53,38 @@ func (s *Source) open(ctx context.Context) (*session, error) {
 	return &session{UploadPackSession: up, adv: adv, refs: refs}, nil
 }
 
-// errHanging is the error of a connection tried while the last one given up on has not
-// ended.
-var errHanging = errors.New("the server has not answered the last connection yet")
+// errHanging is the error of a connection tried while those given up on have not ended.
+var errHanging = errors.New("the server has not answered the last connections yet")
+
+// hangs counts the connections of one kind given up on that have not ended, and when the
+// newest was given up. The branch and the pull requests count theirs apart, so that
+// neither holds the other up.
+type hangs struct {
+	n    atomic.Int32
+	last atomic.Int64 // Unix nanoseconds
+}
+
+const (
+	// maxHanging is how many connections of a kind may hang at once: a server that
+	// never answers costs at most this many.
+	maxHanging = 4
+	// hangRetry is how long after a connection was given up the next is tried while it
+	// still hangs: one that hangs for good does not refuse every later one.
+	hangRetry = 5 * time.Minute
+)
 
 // connect starts an upload-pack session with the remote, given up when ctx ends. Over
 // SSH, go-git connects, shakes hands and starts upload-pack with neither a deadline nor
 // a context: a server that accepts the connection and never answers would hold the
 // source's lock, and with it the branch or the pull requests, for good. A connection
 // given up on is left to end on its own, and closed when it does; until then the next
-// one fails at once, so that a server that never answers costs one connection, not one
-// per try.
-func (s *Source) connect(ctx context.Context, cl transport.Transport, ep *transport.Endpoint) (transport.UploadPackSession, error) {
-	if s.hanging.Load() > 0 {
+// of its kind fails at once for hangRetry, so that a server that never answers costs a
+// few connections, not one per try.
+func (s *Source) connect(ctx context.Context, cl transport.Transport, ep *transport.Endpoint, h *hangs) (transport.UploadPackSession, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if n := h.n.Load(); n >= maxHanging || n > 0 && time.Since(time.Unix(0, h.last.Load())) < hangRetry {
 		return nil, errHanging
 	}
 	type result struct {
@@ -78,12 +100,13 @@ func (s *Source) connect(ctx context.Context, cl transport.Transport, ep *transp
 	case r := <-done:
 		return r.up, r.err
 	case <-ctx.Done():
-		s.hanging.Add(1)
+		h.n.Add(1)
+		h.last.Store(time.Now().UnixNano())
 		go func() {
 			if r := <-done; r.err == nil {
 				r.up.Close()
 			}
-			s.hanging.Add(-1)
+			h.n.Add(-1)
 		}()
 		return nil, ctx.Err()
 	}

@@ -108,7 +108,7 @@ var ErrNotRead = errors.New("the hub's time for reading pull requests ran out be
 func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) ([]*PullRequest, error) {
 	s.prMu.Lock()
 	defer s.prMu.Unlock()
-	ss, err := s.open(ctx)
+	ss, err := s.open(ctx, &s.prHangs)
 	if err != nil {
 		return nil, err
 	}
@@ -287,7 +287,7 @@ func (s *Source) fetchPullRequest(ctx context.Context, pr *PullRequest, room int
 		if room <= 0 {
 			return s.crowded(pr)
 		}
-		ss, err := s.open(ctx)
+		ss, err := s.open(ctx, &s.prHangs)
 		if err != nil {
 			return err
 		}

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io/fs"
 	"sync"
-	"sync/atomic"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/object"
@@ -81,8 +80,8 @@ type Source struct {
 	refused map[plumbing.ReferenceName]*BudgetError
 	slow    map[plumbing.ReferenceName]plumbing.Hash
 
-	// hanging counts the connections given up on that have not ended (see connect).
-	hanging atomic.Int32
+	// branchHangs and prHangs count the connections given up on (see connect).
+	branchHangs, prHangs hangs
 }
 
 // Snapshot is the fleet repository at one commit.
@@ -168,7 +167,7 @@ func (s *Source) Memory() Memory {
 
 // RemoteHead asks the remote for the branch's head without fetching any object.
 func (s *Source) RemoteHead(ctx context.Context) (plumbing.Hash, error) {
-	ss, err := s.open(ctx)
+	ss, err := s.open(ctx, &s.branchHangs)
 	if err != nil {
 		return plumbing.ZeroHash, err
 	}
@@ -202,7 +201,7 @@ func (s *Source) Fetch(ctx context.Context) (*Snapshot, error) {
 
 // fetch brings the remote's head and keeps, besides it, the commit keep.
 func (s *Source) fetch(ctx context.Context, keep plumbing.Hash) (*Snapshot, error) {
-	ss, err := s.open(ctx)
+	ss, err := s.open(ctx, &s.branchHangs)
 	if err != nil {
 		return nil, err
 	}
@@ -352,7 +351,7 @@ func (s *Source) reach(ctx context.Context, head, last plumbing.Hash) error {
 		if h.complete || h.truncated || !h.edge {
 			return nil
 		}
-		ss, err := s.open(ctx)
+		ss, err := s.open(ctx, &s.branchHangs)
 		if err != nil {
 			return err
 		}

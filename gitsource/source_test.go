@@ -380,16 +380,18 @@ func TestAMalformedURLIsRefusedWithoutItsCredentials(t *testing.T) {
 func TestAFailedFetchKeepsATokenInTheURLOutOfItsError(t *testing.T) {
 	const token = "ghp_s3cr3tT0ken"
 	// Nothing listens on port 1: the request fails with the URL it asked in its error.
-	s, err := gitsource.New(gitsource.Options{URL: "https://" + token + "@127.0.0.1:1/fleet.git", Branch: "main"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = s.Fetch(t.Context())
-	if err == nil {
-		t.Fatal("a fetch from nowhere succeeded")
-	}
-	if strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "127.0.0.1:1") {
-		t.Fatalf("error %q: want the failure, where it went, and no token", err)
+	for _, userinfo := range []string{token, token + ":x-oauth-basic"} {
+		s, err := gitsource.New(gitsource.Options{URL: "https://" + userinfo + "@127.0.0.1:1/fleet.git", Branch: "main"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Fetch(t.Context())
+		if err == nil {
+			t.Fatal("a fetch from nowhere succeeded")
+		}
+		if strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "127.0.0.1:1") {
+			t.Errorf("error %q: want the failure, where it went, and no token", err)
+		}
 	}
 }
 

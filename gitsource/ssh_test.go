@@ -155,7 +155,7 @@ func TestAnSSHServerThatNeverAnswersFailsTheFetchInTime(t *testing.T) {
 	fetch()
 	first := <-conns
 	for range 3 {
-		if err := fetch(); !strings.Contains(err.Error(), "has not answered the last connection") {
+		if err := fetch(); !strings.Contains(err.Error(), "has not answered the last connections") {
 			t.Fatalf("a fetch while the first connection hangs: %v", err)
 		}
 	}
@@ -164,6 +164,15 @@ func TestAnSSHServerThatNeverAnswersFailsTheFetchInTime(t *testing.T) {
 		t.Fatal("a fetch connected again while the first connection hung")
 	default:
 	}
+	// The pull requests count their own: the branch's hanging connection holds them
+	// up no more than it does the server.
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	_, err = s.PullRequests(ctx, nil)
+	cancel()
+	if err == nil || strings.Contains(err.Error(), "has not answered") {
+		t.Fatalf("listing the pull requests while the branch's connection hangs: %v; want it tried, and given up", err)
+	}
+	<-conns
 	// The first connection ends: the next fetch connects again.
 	first.Close()
 	poll.Until(t, "a fetch that connects again", func() (bool, string) {

@@ -66,9 +66,10 @@ func (h *WebhookHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	// A delivery is refused on its headers before a byte of its body is read, and a
-	// signed one is checked as it is read, never held: a caller without the secret
-	// costs the hub its headers, whatever the size of what it sends.
+	// A delivery is refused on its headers before a byte of its body is read, and one
+	// that carries a signature is checked as its body is read, never held: a caller
+	// without the secret costs the hub no memory for what it sends, and, unless it
+	// makes up a signature, no reading either.
 	forge, event, delivery, reason, err := h.verify(r, http.MaxBytesReader(w, r.Body, h.opts.MaxBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
