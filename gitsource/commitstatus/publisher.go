@@ -217,16 +217,18 @@ func (p *Publisher) deliver(ctx context.Context, commit string, st Status, sub S
 			return !needed
 		}
 	}
-	sent := false
 	err = p.request(ctx, sub.Lane, true, maxWait, stale, func(ctx context.Context) error {
-		sent = true
-		return p.backend.Set(ctx, commit, st)
+		err := p.backend.Set(ctx, commit, st)
+		if err != nil {
+			// The forge may have taken it all the same: what the commit shows is not
+			// known until a post succeeds, and a status handed over meanwhile must be
+			// judged so.
+			cs.mu.Lock()
+			cs.unsure[st.Context] = true
+			cs.mu.Unlock()
+		}
+		return err
 	})
-	if err != nil && sent {
-		cs.mu.Lock()
-		cs.unsure[st.Context] = true
-		cs.mu.Unlock()
-	}
 	if errors.Is(err, errSuperseded) {
 		return false, needless
 	}

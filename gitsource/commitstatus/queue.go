@@ -3,6 +3,7 @@ package commitstatus
 import (
 	"container/list"
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -166,7 +167,19 @@ func (p *Publisher) post(ctx context.Context, it *queued) {
 	st := p.backend.Canonical(it.st)
 	unlock := p.keys.Lock(it.commit + "\x00" + st.Context)
 	defer unlock()
-	_, err := p.deliver(ctx, it.commit, st, it.sub, p.opts.MaxPause, func() (Status, Submission, bool) { return p.queue.takeNewer(k) })
+	var taken *queued
+	_, err := p.deliver(ctx, it.commit, st, it.sub, p.opts.MaxPause, func() (Status, Submission, bool) {
+		st, sub, ok := p.queue.takeNewer(k)
+		if ok {
+			taken = &queued{commit: it.commit, st: st, sub: sub}
+		}
+		return st, sub, ok
+	})
+	if err != nil && taken != nil && !errors.Is(err, ErrCapReached) {
+		// A status taken over from the queue goes back to it when its post failed, as
+		// it would have stayed there had it not been taken: it is the newest.
+		p.queue.giveBack(k, taken)
+	}
 	if err != nil && ctx.Err() == nil {
 		p.opts.Log.Error("posting a commit status", "context", st.Context, "commit", it.commit, "lane", it.sub.Lane, "error", err)
 	}
@@ -253,6 +266,16 @@ func (q *queue) takeNewer(k queueKey) (Status, Submission, bool) {
 	delete(q.items, k)
 	q.signal()
 	return it.st, it.sub, true
+}
+
+// giveBack queues it again as the newest status of k, unless a newer one came meanwhile.
+// k is being posted: done queues it in its lane.
+func (q *queue) giveBack(k queueKey, it *queued) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.items[k] == nil {
+		q.items[k] = it
+	}
 }
 
 // lastPosted is when this process last posted st's context on commit, how many times it

@@ -2,6 +2,7 @@ package commitstatus_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -148,6 +149,42 @@ func TestAStatusSupersededWhileItWaitsItsTurnGoesAsTheNewerOneInThatTurn(t *test
 	settle(t, p)
 	if n, got := m.count(commit, "flotilla/a"), m.latestOf(commit, "flotilla/a"); n != 1 || got.Description != "newest" {
 		t.Fatalf("%d posts, the newest %q; want one, the newest status", n, got.Description)
+	}
+}
+
+// A newer status handed over to a post that then fails goes back to the queue and is
+// posted after all: it was the newest, and would have waited there had it not been
+// handed over.
+func TestAStatusHandedOverToAPostThatFailsIsPostedAfterAll(t *testing.T) {
+	m := newMemory(0)
+	clock := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	opts := quick
+	opts.Clock, opts.Rate = clock, 1
+	p := commitstatus.NewPublisher(m, opts)
+	run(t, p)
+	post := func(desc string) {
+		t.Helper()
+		if err := p.Submit(commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: desc}, commitstatus.Submission{Lane: commitstatus.Bulk}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waiting := func(what string) {
+		t.Helper()
+		poll.Until(t, what, func() (bool, string) { return clock.HasWaiters(), "no request waits" })
+	}
+	post("outdated")
+	waiting("the first post waiting its turn")
+	post("newest")
+	// The newest goes in the first one's turn, and the forge refuses it for good.
+	m.mu.Lock()
+	m.fail = []error{errors.New("the forge is down")}
+	m.mu.Unlock()
+	clock.Step(time.Second)
+	waiting("the newest waiting its turn again")
+	clock.Step(time.Second)
+	settle(t, p)
+	if got := m.latestOf(commit, "flotilla/a"); got.Description != "newest" {
+		t.Fatalf("the forge shows %q, want the newest status", got.Description)
 	}
 }
 
