@@ -39,7 +39,8 @@ func inputsDigest(f *fleet.Fleet, c *fleet.Cluster, rendered string) string {
 
 // filesDigest is the digest hubs recorded before inputsDigest, which every preset's
 // files changed. A cluster recorded with it keeps it, and its commit, until one of the
-// inputs it names changes: a hub's upgrade moves no cluster's status to the head.
+// inputs it names changes: the upgrade to inputsDigest moves no cluster's status to the
+// head.
 func filesDigest(f *fleet.Fleet, c *fleet.Cluster) string {
 	h := sha256.New()
 	h.Write([]byte(c.Digest))

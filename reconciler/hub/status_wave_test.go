@@ -578,4 +578,13 @@ func TestAPushsFleetWideCommitBelowItsHeadShowsTheSummaryToo(t *testing.T) {
 	if _, ok := got["flotilla/"+fleetgen.ClusterName(2)]; ok {
 		t.Errorf("the fleet-wide commit holds the status of %s, which the head changed after it", fleetgen.ClusterName(2))
 	}
+
+	// A push whose fleet-wide commit breaks fleet.yaml: that commit shows why nothing
+	// of the push was applied, as the head does.
+	wide = w.commit("main", "a typo", map[string][]byte{fleet.FleetFile: w.edit(fleet.FleetFile, "tenant: example", "tenant: [example")})
+	file = fleet.ClustersDir + "/" + fleetgen.ClusterName(3) + "/" + fleet.ClusterFile
+	head = w.commit("main", "cordon another cluster", map[string][]byte{file: w.edit(file, "cordoned: false", "cordoned: true")})
+	w.src.Trigger()
+	w.settled(head, func(st commitstatus.Status) bool { return st.State == commitstatus.Failure })
+	w.settled(wide, func(st commitstatus.Status) bool { return st.State == commitstatus.Failure && strings.Contains(st.Description, fleet.FleetFile) })
 }

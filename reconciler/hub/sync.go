@@ -114,6 +114,12 @@ func (s *Source) syncBranch(ctx context.Context) error {
 	s.mu.Unlock()
 	attr, wide := attribution(ch, head, f)
 	s.reconcileNames(ctx, log, f, names, existing, retried(attr, aff, retryAt), fleetErr)
+	if snap.Commit == last {
+		// A retry of the same head: the push is the one before.
+		s.mu.Lock()
+		wide = s.wide
+		s.mu.Unlock()
+	}
 	s.setHeadOfPush(snap.Commit, f, fleetErr, wide)
 	s.publishFleet(ctx)
 	s.wakeDispatch()

@@ -113,13 +113,16 @@ const (
 // so that a change to every cluster costs one write of each WorkerCluster, not one
 // for the commit and another for the state.
 type SourceStatus struct {
-	// Commit is the newest commit that changed the cluster's inputs (its directory or
-	// a fleet-wide file): where its commit status goes.
+	// Commit is the newest commit that changed the cluster's inputs (its directory,
+	// fleet.yaml's spec, or what the presets render of it): where its commit status
+	// goes.
 	// +kubebuilder:validation:MaxLength=64
 	Commit string `json:"commit"`
 
 	// InputsDigest is a digest of those inputs, so that a hub re-reading everything
-	// after a restart can tell which clusters really changed.
+	// after a restart can tell which clusters really changed. A hub that renders a
+	// cluster differently from the one before it changes the digest too: the head,
+	// which the new state is rendered from, then shows the cluster's status.
 	// +kubebuilder:validation:MaxLength=64
 	// +optional
 	InputsDigest string `json:"inputsDigest,omitempty"`
