@@ -127,12 +127,14 @@ func (p *Proxy) openWatch(ctx context.Context, in *http.Request, identity string
 	// A small buffer: an idle watch holds it for as long as it lasts. It holds chunk
 	// sizes and headers; an event larger than it is read past it, into the caller's
 	// buffer.
-	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 256), out)
+	head := &readBudget{r: conn, left: maxResponseHead}
+	resp, err := http.ReadResponse(bufio.NewReaderSize(head, 256), out)
 	if err != nil {
 		stop()
 		_ = conn.Close()
 		return nil, sess, err
 	}
+	head.left = -1 // the body's events have a budget each
 	// Nor does a watch hold its request once it is sent.
 	resp.Request = nil
 	resp.Body = closer{resp.Body, func() { stop(); _ = conn.Close() }}
@@ -173,9 +175,12 @@ func (p *Proxy) awaitAgent(ctx context.Context, identity string, gone *session, 
 // of each; it reports whether the watch ended for good (the caller left, the worker
 // closed it cleanly or sent an ERROR event) rather than because the tunnel broke.
 func relayEvents(w flushWriter, body io.Reader, rv *string) bool {
-	r := &readErr{r: body}
+	// A decoder holds an event whole before it returns it, and the worker says how large
+	// it is: the budget ends a watch whose event outgrows any object's.
+	r := &readBudget{r: &readErr{r: body}}
 	var dec *json.Decoder
 	for {
+		r.left = maxWatchEvent
 		// A decoder keeps a buffer as large as the largest event it read: a watch that
 		// was busy once would hold it for as long as it stays open. A new decoder
 		// after each event that left nothing but its newline buffered holds only what
@@ -186,9 +191,10 @@ func relayEvents(w flushWriter, body io.Reader, rv *string) bool {
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
 			// A watch the worker ends cleanly closes its chunked body: io.EOF. A
-			// tunnel that breaks cuts it short: a read error. What does not parse
-			// cannot be resumed either.
-			return r.err == nil || errors.Is(r.err, io.EOF)
+			// tunnel that breaks cuts it short: a read error. What does not parse, or
+			// is too large, cannot be resumed either.
+			re := r.r.(*readErr)
+			return re.err == nil || errors.Is(re.err, io.EOF)
 		}
 		var ev struct {
 			Type   string `json:"type"`
@@ -209,6 +215,39 @@ func relayEvents(w flushWriter, body io.Reader, rv *string) bool {
 			*rv = v
 		}
 	}
+}
+
+// maxWatchEvent bounds one event of a watch the proxy relays. etcd keeps objects of up
+// to 1.5 MiB; one as JSON, escaped and wrapped in its event, stays well under this.
+const maxWatchEvent = 8 << 20
+
+// maxResponseHead bounds the status line and headers of the worker's answer to a
+// watch, as net/http's server bounds a request's (http.DefaultMaxHeaderBytes).
+const maxResponseHead = http.DefaultMaxHeaderBytes
+
+// errTooLarge ends a read past its budget.
+var errTooLarge = errors.New("larger than the proxy relays")
+
+// readBudget reads at most left bytes of r, and fails past them; a negative left
+// reads on without a bound.
+type readBudget struct {
+	r    io.Reader
+	left int64
+}
+
+func (b *readBudget) Read(p []byte) (int, error) {
+	if b.left < 0 {
+		return b.r.Read(p)
+	}
+	if b.left == 0 {
+		return 0, errTooLarge
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
 }
 
 // onlySpace reports whether what r holds is JSON whitespace, which a new decoder may

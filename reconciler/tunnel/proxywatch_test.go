@@ -80,3 +80,37 @@ func TestRelayEventsTellsABrokenStream(t *testing.T) {
 		t.Errorf("resume from resourceVersion %q, want 7", rv)
 	}
 }
+
+// filler reads n bytes of 'A', counting what was read.
+type filler struct{ n, read int }
+
+func (f *filler) Read(p []byte) (int, error) {
+	if f.read >= f.n {
+		return 0, io.EOF
+	}
+	p = p[:min(len(p), f.n-f.read)]
+	for i := range p {
+		p[i] = 'A'
+	}
+	f.read += len(p)
+	return len(p), nil
+}
+
+// An event larger than any object's ends the watch when it outgrows the budget: the
+// proxy holds an event whole before passing it on, and the worker, not the proxy, says
+// how large it is.
+func TestRelayEventsEndsAWatchWhoseEventOutgrowsAnyObject(t *testing.T) {
+	rest := &filler{n: 8 * maxWatchEvent}
+	body := io.MultiReader(strings.NewReader(`{"type":"ADDED","object":{"metadata":{"resourceVersion":"3"}}}`+"\n"+`{"type":"ADDED","object":{"x":"`), rest)
+	rec := httptest.NewRecorder()
+	var rv string
+	if ended := relayEvents(flushWriter{rec, http.NewResponseController(rec)}, body, &rv); !ended {
+		t.Error("a watch whose event is too large was taken for a broken tunnel, to resume")
+	}
+	if rest.read > maxWatchEvent {
+		t.Errorf("read %d MiB of one event, past the %d MiB budget", rest.read>>20, maxWatchEvent>>20)
+	}
+	if rv != "3" || !strings.Contains(rec.Body.String(), `"resourceVersion":"3"`) {
+		t.Errorf("the event before the large one was not passed on: %q, resume from %q", rec.Body.String(), rv)
+	}
+}
