@@ -50,7 +50,7 @@ func NewTunnel(ws *websocket.Conn, isClient bool, live Liveness) (*Tunnel, error
 	if live.Interval <= 0 || live.Timeout <= live.Interval {
 		return nil, fmt.Errorf("protocol: liveness %+v: the timeout must exceed a positive interval", live)
 	}
-	c := &wsConn{ws: ws}
+	c := &wsConn{ws: ws, guard: newPingGuard()}
 	extend := func() { _ = ws.SetReadDeadline(time.Now().Add(live.Timeout)) }
 	extend()
 	ws.SetPongHandler(func(string) error { extend(); return nil })
@@ -134,6 +134,7 @@ func (t *Tunnel) Close() error {
 type wsConn struct {
 	ws       *websocket.Conn
 	r        io.Reader
+	guard    *pingGuard
 	extend   func()
 	wmu      sync.Mutex
 	timedOut atomic.Bool
@@ -160,6 +161,9 @@ func (c *wsConn) Read(p []byte) (int, error) {
 			c.r = r
 		}
 		n, err := c.r.Read(p)
+		if gerr := c.guard.see(p[:n]); gerr != nil {
+			return 0, gerr
+		}
 		if errors.Is(err, io.EOF) {
 			c.r = nil
 			if n > 0 {
