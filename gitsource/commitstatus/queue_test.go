@@ -125,26 +125,41 @@ func TestASummaryThatKeepsItsStateWaitsItsTurn(t *testing.T) {
 	}
 }
 
-// A status superseded while it waits its turn within the forge's limits is not posted:
-// the newer one goes instead, in that turn, and the forge sees one post, not an outdated
-// one first.
-func TestAStatusSupersededWhileItWaitsItsTurnGoesAsTheNewerOneInThatTurn(t *testing.T) {
+// pacedPublisher is a Publisher, running until the test ends, that lets one request a
+// second go on a fake clock, and the forge it posts to.
+func pacedPublisher(t *testing.T) (*memory, *clocktesting.FakeClock, *commitstatus.Publisher) {
 	m := newMemory(0)
 	clock := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	opts := quick
 	opts.Clock, opts.Rate = clock, 1
 	p := commitstatus.NewPublisher(m, opts)
 	run(t, p)
-	post := func(desc string) {
-		t.Helper()
-		if err := p.Submit(commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: desc}, commitstatus.Submission{Lane: commitstatus.Bulk}); err != nil {
-			t.Fatal(err)
-		}
+	return m, clock, p
+}
+
+// postBulk submits a pending status of flotilla/a saying desc, in the Bulk lane.
+func postBulk(t *testing.T, p *commitstatus.Publisher, desc string) {
+	t.Helper()
+	if err := p.Submit(commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: desc}, commitstatus.Submission{Lane: commitstatus.Bulk}); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// waiting waits until a request waits on clock.
+func waiting(t *testing.T, clock *clocktesting.FakeClock, what string) {
+	t.Helper()
+	poll.Until(t, what, func() (bool, string) { return clock.HasWaiters(), "no request waits" })
+}
+
+// A status superseded while it waits its turn within the forge's limits is not posted:
+// the newer one goes instead, in that turn, and the forge sees one post, not an outdated
+// one first.
+func TestAStatusSupersededWhileItWaitsItsTurnGoesAsTheNewerOneInThatTurn(t *testing.T) {
+	m, clock, p := pacedPublisher(t)
 	// The commit's statuses are read at once; the post waits a second.
-	post("outdated")
-	poll.Until(t, "the first post waiting its turn", func() (bool, string) { return clock.HasWaiters(), "no request waits" })
-	post("newest")
+	postBulk(t, p, "outdated")
+	waiting(t, clock, "the first post waiting its turn")
+	postBulk(t, p, "newest")
 	clock.Step(time.Second)
 	settle(t, p)
 	if n, got := m.count(commit, "flotilla/a"), m.latestOf(commit, "flotilla/a"); n != 1 || got.Description != "newest" {
@@ -156,31 +171,16 @@ func TestAStatusSupersededWhileItWaitsItsTurnGoesAsTheNewerOneInThatTurn(t *test
 // posted after all: it was the newest, and would have waited there had it not been
 // handed over.
 func TestAStatusHandedOverToAPostThatFailsIsPostedAfterAll(t *testing.T) {
-	m := newMemory(0)
-	clock := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	opts := quick
-	opts.Clock, opts.Rate = clock, 1
-	p := commitstatus.NewPublisher(m, opts)
-	run(t, p)
-	post := func(desc string) {
-		t.Helper()
-		if err := p.Submit(commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: desc}, commitstatus.Submission{Lane: commitstatus.Bulk}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waiting := func(what string) {
-		t.Helper()
-		poll.Until(t, what, func() (bool, string) { return clock.HasWaiters(), "no request waits" })
-	}
-	post("outdated")
-	waiting("the first post waiting its turn")
-	post("newest")
+	m, clock, p := pacedPublisher(t)
+	postBulk(t, p, "outdated")
+	waiting(t, clock, "the first post waiting its turn")
+	postBulk(t, p, "newest")
 	// The newest goes in the first one's turn, and the forge refuses it for good.
 	m.mu.Lock()
 	m.fail = []error{errors.New("the forge is down")}
 	m.mu.Unlock()
 	clock.Step(time.Second)
-	waiting("the newest waiting its turn again")
+	waiting(t, clock, "the newest waiting its turn again")
 	clock.Step(time.Second)
 	settle(t, p)
 	if got := m.latestOf(commit, "flotilla/a"); got.Description != "newest" {
@@ -193,12 +193,7 @@ func TestAStatusHandedOverToAPostThatFailsIsPostedAfterAll(t *testing.T) {
 // form: by the time its turn comes it has always been submitted again, and it must not
 // be dropped for that.
 func TestAStatusSubmittedAgainFasterThanItsTurnsComeGoesAtEachTurn(t *testing.T) {
-	m := newMemory(0)
-	clock := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	opts := quick
-	opts.Clock, opts.Rate = clock, 1
-	p := commitstatus.NewPublisher(m, opts)
-	run(t, p)
+	m, clock, p := pacedPublisher(t)
 	const reports = 50 // five seconds of a report every 100 ms
 	for i := 1; i <= reports; i++ {
 		st := commitstatus.Status{Context: "flotilla/fleet", State: commitstatus.Pending, Description: fmt.Sprintf("%d of 10,000 clusters ready", i)}
