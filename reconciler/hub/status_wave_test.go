@@ -586,5 +586,7 @@ func TestAPushsFleetWideCommitBelowItsHeadShowsTheSummaryToo(t *testing.T) {
 	head = w.commit("main", "cordon another cluster", map[string][]byte{file: w.edit(file, "cordoned: false", "cordoned: true")})
 	w.src.Trigger()
 	w.settled(head, func(st commitstatus.Status) bool { return st.State == commitstatus.Failure })
-	w.settled(wide, func(st commitstatus.Status) bool { return st.State == commitstatus.Failure && strings.Contains(st.Description, fleet.FleetFile) })
+	w.settled(wide, func(st commitstatus.Status) bool {
+		return st.State == commitstatus.Failure && strings.Contains(st.Description, fleet.FleetFile)
+	})
 }
