@@ -398,3 +398,44 @@ func TestARedemptionAnsweredTooLateCanBeMadeAgain(t *testing.T) {
 		})
 	}
 }
+
+// A flood of garbage does not hide a replayed token from the operator: refusals of a
+// secret shaped as the hub issues them are logged within a budget of their own, not
+// the one garbage exhausts.
+func TestAFloodOfGarbageDoesNotHideAReplayedToken(t *testing.T) {
+	k := newCounted(t)
+	h := startHub(t, k, nil)
+	c := newCluster(t, "flooded")
+	k.sees(t, c)
+	h.enroll(t, c)
+
+	// Garbage, without a break, from before the replay until after it.
+	stop := make(chan struct{})
+	var flood sync.WaitGroup
+	var sent atomic.Int64
+	for range 4 {
+		flood.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ws, _, _ := h.dial(t.Context(), request{identity: c.identity, kind: protocol.AuthEnrollment})
+				if ws != nil {
+					_ = ws.Close()
+				}
+				sent.Add(1)
+			}
+		})
+	}
+	eventually(t, "the garbage past the log's budget", func() (bool, string) {
+		return strings.Contains(h.log.String(), "requests not logged"), fmt.Sprintf("%d sent", sent.Load())
+	})
+	h.refused(t, request{identity: c.identity, kind: protocol.AuthEnrollment, secret: c.token.Reveal()})
+	close(stop)
+	flood.Wait()
+	if !strings.Contains(h.log.String(), "already redeemed") {
+		t.Fatalf("the replayed token's refusal is not in the hub's log (%d requests of garbage)", sent.Load())
+	}
+}

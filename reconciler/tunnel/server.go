@@ -126,7 +126,10 @@ type Server struct {
 	opts     Options
 	upgrader websocket.Upgrader
 	refusals logBudget
-	faults   logBudget
+	// secrets is the budget of refusals of a secret shaped as the hub issues them (a
+	// replayed token, an expired credential): a flood of garbage never hides them.
+	secrets logBudget
+	faults  logBudget
 
 	mu          sync.Mutex
 	sessions    map[string]*session     // by identity
@@ -248,7 +251,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var ref *refusal
 		if errors.As(err, &ref) {
-			s.logRefusal(log, slog.LevelWarn, "agent refused", append([]any{"auth", authKind(r), "reason", ref.Reason, "fingerprint", ref.Fingerprint}, ref.Args...)...)
+			args := append([]any{"auth", authKind(r), "reason", ref.Reason, "fingerprint", ref.Fingerprint}, ref.Args...)
+			if ref.Fingerprint != "" {
+				logWithin(&s.secrets, log, slog.LevelWarn, "agent refused", args...)
+			} else {
+				s.logRefusal(log, slog.LevelWarn, "agent refused", args...)
+			}
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
