@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -125,11 +126,11 @@ func (c *Conn) Receive() (*Envelope, any, error) {
 		return nil, nil, &MalformedError{Err: err}
 	}
 	if env.Version > ProtocolVersion {
-		return env, nil, fmt.Errorf("%w: %s of version %d, this side speaks %d", ErrNewerVersion, env.Type, env.Version, ProtocolVersion)
+		return env, nil, fmt.Errorf("%w: %s of version %d, this side speaks %d", ErrNewerVersion, Clip(env.Type), env.Version, ProtocolVersion)
 	}
 	body := newBody(env.Type)
 	if body == nil {
-		return env, nil, fmt.Errorf("%w %q", ErrUnknownType, env.Type)
+		return env, nil, fmt.Errorf("%w %q", ErrUnknownType, Clip(env.Type))
 	}
 	if len(env.Body) > 0 {
 		if err := json.Unmarshal(env.Body, body); err != nil {
@@ -137,6 +138,19 @@ func (c *Conn) Receive() (*Envelope, any, error) {
 		}
 	}
 	return env, body, nil
+}
+
+// maxClip is how much of a text the peer chose an error or a log line carries.
+const maxClip = 128
+
+// Clip is s as an error or a log line may carry text the peer chose: at most maxClip
+// bytes of it, and how long it was past them. A peer must not write the other side's
+// log at the rate of its link.
+func Clip(s string) string {
+	if len(s) <= maxClip {
+		return s
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strings.ToValidUTF8(s[:maxClip], ""), len(s))
 }
 
 // readBody reads n bytes into a buffer that grows as they arrive, never past n: the

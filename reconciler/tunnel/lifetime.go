@@ -260,7 +260,7 @@ func (s *session) credentialStored(ctx context.Context, m *protocol.CredentialSt
 		if !c.current.hash.IsZero() && c.current.hash.Fingerprint() == m.Fingerprint {
 			return nil // a credential sent twice, confirmed twice
 		}
-		return fmt.Errorf("the agent confirmed credential %q, which is not the one sent", m.Fingerprint)
+		return fmt.Errorf("the agent confirmed credential %q, which is not the one sent", protocol.Clip(m.Fingerprint))
 	}
 	if err := s.srv.writeCredential(ctx, s.wc, credentialRecord{current: c.life}); err != nil {
 		return err

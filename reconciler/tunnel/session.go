@@ -134,7 +134,7 @@ func (s *session) handle(ctx context.Context, body any) error {
 	case *protocol.CredentialStored:
 		return s.credentialStored(ctx, m)
 	case *protocol.Error:
-		s.log.Warn("the agent refused a message", "code", m.Code, "message", m.Message)
+		s.log.Warn("the agent refused a message", "code", protocol.Clip(m.Code), "message", protocol.Clip(m.Message))
 		return nil
 	}
 	return s.send(protocol.TypeError, &protocol.Error{Code: protocol.CodeUnknownType, Message: fmt.Sprintf("%T is not a message an agent sends", body)})
@@ -262,7 +262,7 @@ func (s *session) applied(ctx context.Context, a *protocol.Applied) error {
 	s.mu.Lock()
 	sent := s.sent
 	s.mu.Unlock()
-	s.log.Info("the agent applied a desired state", "hash", a.Hash, "generation", a.Generation, "complete", a.Complete())
+	s.log.Info("the agent applied a desired state", "hash", protocol.Clip(a.Hash), "generation", a.Generation, "complete", a.Complete())
 	return s.record(ctx, conditions.Applied{Report: a, Sent: sent})
 }
 
