@@ -169,11 +169,11 @@ func (p *Publisher) post(ctx context.Context, it *queued) {
 	defer unlock()
 	var taken *queued
 	_, err := p.deliver(ctx, it.commit, st, it.sub, p.opts.MaxPause, func() (Status, Submission, bool) {
-		st, sub, ok := p.queue.takeNewer(k)
-		if ok {
-			taken = &queued{commit: it.commit, st: st, sub: sub}
+		if newer := p.queue.takeNewer(k); newer != nil {
+			taken = newer
+			return newer.st, newer.sub, true
 		}
-		return st, sub, ok
+		return Status{}, Submission{}, false
 	})
 	if err != nil && taken != nil && !errors.Is(err, ErrCapReached) {
 		// A status taken over from the queue goes back to it when its post failed, as
@@ -255,17 +255,16 @@ func (q *queue) done(k queueKey) {
 }
 
 // takeNewer takes the newer status of k submitted while an older one is being posted,
-// if any, with its Submission: the poster sends it instead.
-func (q *queue) takeNewer(k queueKey) (Status, Submission, bool) {
+// if any: the poster sends it instead.
+func (q *queue) takeNewer(k queueKey) *queued {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	it := q.items[k]
-	if it == nil {
-		return Status{}, Submission{}, false
+	if it != nil {
+		delete(q.items, k)
+		q.signal()
 	}
-	delete(q.items, k)
-	q.signal()
-	return it.st, it.sub, true
+	return it
 }
 
 // giveBack queues it again as the newest status of k, unless a newer one came meanwhile.

@@ -108,7 +108,7 @@ func TestAHeadIsReadOnlyWhereItChanged(t *testing.T) {
 				last = old
 			}
 			first, _ := s.loadHead(last, fleet.Change{All: true, Reason: "first read"})
-			s.setHead(plumbing.NewHash("0123456789abcdef0123456789abcdef01234567"), first, tt.lastErr)
+			s.setHead(plumbing.NewHash("0123456789abcdef0123456789abcdef01234567"), first, tt.lastErr, "")
 			counter := &readCounter{fsys: tt.head, paths: map[string]int{}}
 			got, aff := s.loadHead(counter, tt.ch)
 			if aff.All != tt.whole {

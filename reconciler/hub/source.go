@@ -245,13 +245,9 @@ func (s *Source) prefixNow() string {
 	return s.prefix
 }
 
-func (s *Source) setHead(h plumbing.Hash, f *fleet.Fleet, fleetErr string) {
-	s.setHeadOfPush(h, f, fleetErr, "")
-}
-
-// setHeadOfPush is setHead for a head whose push also brought wide, an older commit
-// that changed every cluster (none when empty).
-func (s *Source) setHeadOfPush(h plumbing.Hash, f *fleet.Fleet, fleetErr, wide string) {
+// setHead records h as the head, whose push also brought wide, an older commit that
+// changed every cluster (none when empty).
+func (s *Source) setHead(h plumbing.Hash, f *fleet.Fleet, fleetErr, wide string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.last, s.head, s.fleet, s.fleetError, s.applying = h, h.String(), f, fleetErr, false

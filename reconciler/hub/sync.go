@@ -67,7 +67,7 @@ func (s *Source) syncBranch(ctx context.Context) error {
 		// repository claims.
 		msg := fmt.Sprintf("%s names tenant %q; this repository may only hold tenant %q", fleet.FleetFile, f.Spec.Spec.Tenant, s.opts.Tenant)
 		log.Warn("refused a head", "reason", msg)
-		s.setHead(snap.Commit, f, msg)
+		s.setHead(snap.Commit, f, msg, "")
 		s.post(ctx, head, commitstatus.Status{Context: s.context("fleet"), State: commitstatus.Failure, Description: msg})
 		return nil
 	}
@@ -120,7 +120,7 @@ func (s *Source) syncBranch(ctx context.Context) error {
 		wide = s.wide
 		s.mu.Unlock()
 	}
-	s.setHeadOfPush(snap.Commit, f, fleetErr, wide)
+	s.setHead(snap.Commit, f, fleetErr, wide)
 	s.publishFleet(ctx)
 	s.wakeDispatch()
 	return nil

@@ -177,7 +177,8 @@ func (p *Proxy) awaitAgent(ctx context.Context, identity string, gone *session, 
 func relayEvents(w flushWriter, body io.Reader, rv *string) bool {
 	// A decoder holds an event whole before it returns it, and the worker says how large
 	// it is: the budget ends a watch whose event outgrows any object's.
-	r := &readBudget{r: &readErr{r: body}}
+	re := &readErr{r: body}
+	r := &readBudget{r: re}
 	var dec *json.Decoder
 	for {
 		r.left = maxWatchEvent
@@ -193,7 +194,6 @@ func relayEvents(w flushWriter, body io.Reader, rv *string) bool {
 			// A watch the worker ends cleanly closes its chunked body: io.EOF. A
 			// tunnel that breaks cuts it short: a read error. What does not parse, or
 			// is too large, cannot be resumed either.
-			re := r.r.(*readErr)
 			return re.err == nil || errors.Is(re.err, io.EOF)
 		}
 		var ev struct {

@@ -251,12 +251,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var ref *refusal
 		if errors.As(err, &ref) {
-			args := append([]any{"auth", authKind(r), "reason", ref.Reason, "fingerprint", ref.Fingerprint}, ref.Args...)
+			budget := &s.refusals
 			if ref.Fingerprint != "" {
-				logWithin(&s.secrets, log, slog.LevelWarn, "agent refused", args...)
-			} else {
-				s.logRefusal(log, slog.LevelWarn, "agent refused", args...)
+				budget = &s.secrets
 			}
+			logWithin(budget, log, slog.LevelWarn, "agent refused", append([]any{"auth", authKind(r), "reason", ref.Reason, "fingerprint", ref.Fingerprint}, ref.Args...)...)
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
