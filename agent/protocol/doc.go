@@ -68,9 +68,12 @@
 //
 // The WebSocket carries binary messages only; their payloads form one byte stream that
 // yamux multiplexes into streams. The agent is the yamux client. It opens the first
-// stream, the control stream, right after the upgrade. From version 2 on the hub opens
-// further streams, each starting with one byte, its StreamKind; the agent closes a
-// stream of a kind it does not serve, and an agent of version 1 closes them all.
+// stream, the control stream, right after the upgrade, and no other: the hub closes a
+// tunnel on which the agent opens a second, since it would never accept it, and yamux
+// would hold what the agent sent on it for as long as the tunnel lives. From version 2
+// on the hub opens further streams, each starting with one byte, its StreamKind; the
+// agent closes a stream of a kind it does not serve, and an agent of version 1 closes
+// them all.
 // A StreamProxy stream carries the HTTP/1.1 requests of the hub's Kubernetes API proxy,
 // one connection's worth, so that Kueue's MultiKueue on the hub reaches the worker's API
 // server without the worker's credentials leaving the worker; the agent forwards only
@@ -81,10 +84,13 @@
 // Each message is a 4-byte big-endian length followed by that many bytes of JSON, an
 // Envelope: {"v": version, "type": type, "body": {...}}. A message longer than
 // MaxMessageSize is not read: the stream is closed with ErrTooLarge. Until the hello,
-// the hub's cap is MaxHelloSize: a larger first message closes the tunnel. A receiver
-// allocates a message as its bytes arrive, not as its length prefix announces. A
-// receiver answers an unknown type or a newer version with an Error message and carries
-// on.
+// the hub's cap is MaxHelloSize: a larger first message closes the tunnel. Until the hub
+// has read the hello, the control stream may carry no more than a hello at its largest
+// and its length prefix, whatever the messages, since yamux's window would let an agent
+// have the hub hold four times that before it knows who the agent is: more closes the
+// tunnel. A receiver allocates a message as its bytes arrive, not as its length prefix
+// announces. A receiver answers an unknown type or a newer version with an Error
+// message and carries on.
 //
 //	agent → hub  hello        Hello: identity, versions, the hash it last applied
 //	hub → agent  desired      DesiredState: generation, hash, every object, and the

@@ -45,12 +45,18 @@ type Tunnel struct {
 func (t *Tunnel) WriteTimedOut() bool { return t.conn.timedOut.Load() }
 
 // NewTunnel starts yamux over ws. The agent is the client (isClient true): it opens the
-// control stream; the hub is the server. Pings start at once.
+// control stream; the hub is the server. Pings start at once. The hub's side closes the
+// tunnel when the agent opens a second stream, or sends more than a hello on the
+// control stream before HelloRead.
 func NewTunnel(ws *websocket.Conn, isClient bool, live Liveness) (*Tunnel, error) {
 	if live.Interval <= 0 || live.Timeout <= live.Interval {
 		return nil, fmt.Errorf("protocol: liveness %+v: the timeout must exceed a positive interval", live)
 	}
-	c := &wsConn{ws: ws, guard: newPingGuard()}
+	var streams *streamGuard
+	if !isClient {
+		streams = &streamGuard{}
+	}
+	c := &wsConn{ws: ws, guard: newPingGuard(streams)}
 	extend := func() { _ = ws.SetReadDeadline(time.Now().Add(live.Timeout)) }
 	extend()
 	ws.SetPongHandler(func(string) error { extend(); return nil })
@@ -119,6 +125,24 @@ func NewTunnel(ws *websocket.Conn, isClient bool, live Liveness) (*Tunnel, error
 	return t, nil
 }
 
+// HelloRead tells the hub's side of the tunnel that the hub read the agent's hello:
+// from then on the control stream may carry whole messages, not only a hello's worth.
+// It does nothing on the agent's side.
+func (t *Tunnel) HelloRead() {
+	if s := t.conn.guard.streams; s != nil {
+		s.helloRead.Store(true)
+	}
+}
+
+// Refused is the rule of the protocol the peer broke (ErrPingFlood, ErrExtraStream,
+// ErrBeforeHello), for which the tunnel closed; nil when it broke none.
+func (t *Tunnel) Refused() error {
+	if err := t.conn.refused.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
 // Close ends every stream and the WebSocket.
 func (t *Tunnel) Close() error {
 	t.stop()
@@ -138,6 +162,9 @@ type wsConn struct {
 	extend   func()
 	wmu      sync.Mutex
 	timedOut atomic.Bool
+	// refused is what the guard refused; every read fails with it from then on, since
+	// the guard has lost its place in the frames.
+	refused atomic.Pointer[error]
 }
 
 func (c *wsConn) noteTimeout(err error) {
@@ -148,6 +175,9 @@ func (c *wsConn) noteTimeout(err error) {
 }
 
 func (c *wsConn) Read(p []byte) (int, error) {
+	if err := c.refused.Load(); err != nil {
+		return 0, *err
+	}
 	for {
 		if c.r == nil {
 			typ, r, err := c.ws.NextReader()
@@ -162,6 +192,7 @@ func (c *wsConn) Read(p []byte) (int, error) {
 		}
 		n, err := c.r.Read(p)
 		if gerr := c.guard.see(p[:n]); gerr != nil {
+			c.refused.Store(&gerr)
 			return 0, gerr
 		}
 		if errors.Is(err, io.EOF) {

@@ -200,10 +200,14 @@ func fakeHubSpeaking(t *testing.T, credential string, version int) (*httptest.Se
 		h := &hubSide{conn: protocol.NewConn(stream), tun: tun, msgs: make(chan any, 64)}
 		tunnels <- h
 		defer close(h.msgs)
-		for {
+		for hello := true; ; hello = false {
 			_, body, err := h.conn.Receive()
 			if err != nil {
 				return
+			}
+			if hello {
+				// As the hub does, so that the agent may send more than a hello.
+				tun.HelloRead()
 			}
 			h.msgs <- body
 		}

@@ -21,12 +21,13 @@
 // many arrive, and none of them delays an agent whose secret is valid. Refusals are
 // logged at a bounded rate.
 //
-// Until its hello, a connection may send no message over protocol.MaxHelloSize. Every
-// write to an agent has a deadline (Options.WriteTimeout): an agent that stops reading
-// is disconnected, and its WorkerCluster says so (Connected False, SendTimeout). The
-// hub hands desired states to a connection's writer and returns ([Server.Push]): a
-// stuck agent never holds up the hub's reconcile, and a newer state replaces one not
-// yet sent.
+// Until the hub read its hello, a connection may send no more than a hello of
+// protocol.MaxHelloSize; at no time may it open a stream besides the control stream. It
+// is closed for either, and the log says why. Every write to an agent has a deadline
+// (Options.WriteTimeout): an agent that stops reading is disconnected, and its
+// WorkerCluster says so (Connected False, SendTimeout). The hub hands desired states to
+// a connection's writer and returns ([Server.Push]): a stuck agent never holds up the
+// hub's reconcile, and a newer state replaces one not yet sent.
 //
 // A redemption whose answer was lost can be repeated by the agent that made it, with
 // the redemption key it sent (see agent/protocol), within RedemptionRetryWindow.

@@ -62,7 +62,9 @@ func (s *session) run(ctx context.Context) {
 	stream, err := s.tunnel.AcceptStreamWithContext(hctx)
 	cancel()
 	if err != nil {
-		s.log.Warn("the agent opened no control stream", "error", err)
+		if !s.brokeProtocol() {
+			s.log.Warn("the agent opened no control stream", "error", err)
+		}
 		return
 	}
 	s.conn = protocol.NewConn(stream)
@@ -78,6 +80,9 @@ func (s *session) run(ctx context.Context) {
 		return
 	}
 	if err != nil || !ok {
+		if s.brokeProtocol() {
+			return
+		}
 		s.log.Warn("the agent sent no hello", "error", err)
 		_ = s.conn.Send(protocol.TypeError, &protocol.Error{Code: protocol.CodeMalformed, Message: "the first message must be a hello"})
 		return
@@ -89,6 +94,7 @@ func (s *session) run(ctx context.Context) {
 	}
 	_ = stream.SetReadDeadline(time.Time{})
 	s.conn.SetMaxMessageSize(protocol.MaxMessageSize)
+	s.tunnel.HelloRead()
 
 	s.srv.register(s)
 	s.log.Info("agent connected", "agentVersion", hello.AgentVersion, "kubernetesVersion", hello.KubernetesVersion, "appliedHash", hello.AppliedHash)
@@ -112,7 +118,7 @@ func (s *session) run(ctx context.Context) {
 				_ = s.send(protocol.TypeError, protocol.RefusalFor(err))
 				continue
 			}
-			if !errors.Is(err, io.EOF) && !s.replaced.Load() && !s.stuck.Load() {
+			if !s.brokeProtocol() && !errors.Is(err, io.EOF) && !s.replaced.Load() && !s.stuck.Load() {
 				s.log.Info("tunnel closed", "error", err)
 			}
 			return
@@ -138,6 +144,17 @@ func (s *session) handle(ctx context.Context, body any) error {
 		return nil
 	}
 	return s.send(protocol.TypeError, &protocol.Error{Code: protocol.CodeUnknownType, Message: fmt.Sprintf("%T is not a message an agent sends", body)})
+}
+
+// brokeProtocol reports whether the tunnel closed because the agent broke a rule of
+// the transport, and says so in the log: the read that failed for it only shows the
+// tunnel gone.
+func (s *session) brokeProtocol() bool {
+	err := s.tunnel.Refused()
+	if err != nil {
+		s.log.Warn("the hub closed the tunnel: the agent broke the protocol", "error", err)
+	}
+	return err != nil
 }
 
 // send writes one message, within WriteTimeout. An agent that took nothing for that
