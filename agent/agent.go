@@ -2,12 +2,15 @@
 // enrollment token once for a credential it keeps in a Secret of its own namespace
 // (with the credential's expiry, and replaced whenever the hub rotates it), applies
 // every desired state the hub sends, and reports what it applied and which GPUs the
-// cluster has. Refused with a credential past its expiry, it says so in its log, and
-// that the cluster needs a new enrollment token. Until it holds a credential it keeps a redemption key in the same
-// Secret and sends it with the token, so that a redemption whose answer was lost on
-// the way can be repeated (see agent/protocol). It listens on nothing but health and
-// metrics: the tunnel is outbound, so a worker behind NAT with only outbound HTTPS is
-// enough.
+// cluster has. A rotation whose credential it could not present (empty, or not a
+// bearer token) it refuses and does not confirm: it keeps the stored credential, which
+// the hub keeps accepting. Refused with a credential past its expiry, it says so in its
+// log at every attempt, also once restarted (the expiry stays in the Secret while it
+// tries its enrollment token), and that the cluster needs a new enrollment token.
+// Until it holds a credential it keeps a redemption key in the same Secret and sends it
+// with the token, so that a redemption whose answer was lost on the way can be
+// repeated (see agent/protocol). It listens on nothing but health and metrics: the
+// tunnel is outbound, so a worker behind NAT with only outbound HTTPS is enough.
 //
 // With a hub that speaks protocol.ProxyVersion or later, and Options.Proxy set, the
 // agent also serves the streams the hub opens to reach the worker's API server for
@@ -240,7 +243,7 @@ func (a *Agent) connectOnce(ctx context.Context) error {
 	if a.opts.EnrollmentToken == "" {
 		return errors.New("no credential is stored and no enrollment token is configured")
 	}
-	key, err = a.redemptionKey(ctx, key, cred)
+	key, err = a.redemptionKey(ctx, key, cred, expires)
 	if err != nil {
 		return err
 	}
@@ -253,8 +256,10 @@ func (a *Agent) connectOnce(ctx context.Context) error {
 // redemptionKey is the key of this series of enrollment attempts: the one in memory,
 // else the one stored (by a process that restarted during the series), else a new one,
 // stored beside the credential so that a restart keeps it. cred, a stored credential
-// the hub refused, is stored with it rather than thrown away.
-func (a *Agent) redemptionKey(ctx context.Context, stored, cred protocol.Secret) (protocol.Secret, error) {
+// the hub refused, is stored with it rather than thrown away, and so is its expiry:
+// without it the agent, restarted or redialling, could no longer tell the operator that
+// the credential expired and the cluster needs a new enrollment token.
+func (a *Agent) redemptionKey(ctx context.Context, stored, cred protocol.Secret, expires time.Time) (protocol.Secret, error) {
 	a.mu.Lock()
 	key := a.redemption
 	if key == "" {
@@ -271,7 +276,7 @@ func (a *Agent) redemptionKey(ctx context.Context, stored, cred protocol.Secret)
 	a.redemption = key
 	a.mu.Unlock()
 	if key != stored {
-		if err := a.store(ctx, cred, key, time.Time{}); err != nil {
+		if err := a.store(ctx, cred, key, expires); err != nil {
 			// Kept in memory: a lost answer can still be recovered by this process.
 			a.opts.Log.Error("storing the redemption key", "error", err)
 		}
@@ -494,6 +499,14 @@ func (a *Agent) handle(ctx context.Context, conn *protocol.Conn, body any) error
 		a.mu.Unlock()
 		return a.applyDesired(ctx, conn, m)
 	case *protocol.RotateCredential:
+		if why := unusable(m.Credential); why != "" {
+			// Not confirmed either: the hub keeps accepting the stored credential and
+			// sends a rotation again, whereas storing this one would erase or replace the
+			// stored one with what the agent cannot present, and lock it out.
+			a.opts.Log.Error("refused the rotated credential: the stored one is kept, and the hub keeps accepting it until a rotation is confirmed",
+				"reason", why, "credential", fingerprint(m.Credential), "expiresAt", stampOrNone(m.ExpiresAt))
+			return conn.Send(protocol.TypeError, &protocol.Error{Code: protocol.CodeMalformed, Message: "the rotated credential is refused: " + why})
+		}
 		if err := a.storeCredential(ctx, m.Credential, m.ExpiresAt); err != nil {
 			// Not confirmed: the hub keeps accepting the old credential, and sends the
 			// new one again.
@@ -582,6 +595,24 @@ func (a *Agent) sendInventory(ctx context.Context, conn *protocol.Conn) {
 func fingerprint(s protocol.Secret) string {
 	sum := sha256.Sum256([]byte(s.Reveal()))
 	return hex.EncodeToString(sum[:6])
+}
+
+// unusable is why a rotated credential cannot replace the stored one, or "" when it
+// can. An empty one would be no credential: the Secret keeps only what is not empty.
+// One that is not a bearer token (RFC 6750's b64token) the agent could not present in
+// its Authorization header. The reason never repeats the credential.
+func unusable(s protocol.Secret) string {
+	c := s.Reveal()
+	if c == "" {
+		return "it is empty"
+	}
+	body := strings.TrimRight(c, "=")
+	if body == "" || strings.IndexFunc(body, func(r rune) bool {
+		return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("-._~+/", r))
+	}) >= 0 {
+		return "it is not a bearer token (RFC 6750): it may hold only letters, digits and -._~+/, then = at its end"
+	}
+	return ""
 }
 
 func (a *Agent) setCredential(s protocol.Secret, expires time.Time) {
