@@ -26,6 +26,17 @@ const DefaultFieldManager = v1alpha1.AgentFieldManager
 // RefusePrefix starts the message of every object the agent refuses to adopt.
 const RefusePrefix = "refuse to adopt existing object not owned by this WorkerCluster"
 
+// A report lists at most maxListedFailures objects that failed or were refused, and
+// clips each of their texts to maxResultText bytes: a desired state of tens of thousands
+// of objects that cannot be decoded would otherwise make a report larger than
+// protocol.MaxMessageSize, which the tunnel cannot carry, and the agent would lose its
+// tunnel over it at every resync. Applied.Error counts them all. The other results name
+// only what the API server accepted or holds.
+const (
+	maxListedFailures = 100
+	maxResultText     = 1 << 10
+)
+
 // Options configure an Applier.
 type Options struct {
 	// Client talks to the worker's API server. Its RESTMapper tells which kinds the API
@@ -121,7 +132,15 @@ func (a *Applier) Apply(ctx context.Context, state protocol.DesiredState) protoc
 
 	out := protocol.Applied{Generation: state.Generation, Hash: state.Hash, Results: []protocol.ObjectResult{}}
 	log := a.log.With("generation", state.Generation, "hash", state.Hash)
+	failures := 0
 	report := func(r protocol.ObjectResult) {
+		if r.Action == protocol.ActionRefused || r.Action == protocol.ActionFailed {
+			// Counted, not listed nor logged, past the first: see maxListedFailures.
+			if failures++; failures > maxListedFailures {
+				return
+			}
+			r = clipped(r)
+		}
 		out.Results = append(out.Results, r)
 		level := slog.LevelInfo
 		switch r.Action {
@@ -134,6 +153,15 @@ func (a *Applier) Apply(ctx context.Context, state protocol.DesiredState) protoc
 			"namespace", r.Namespace, "name", r.Name, "uid", r.UID, "message", r.Message)
 	}
 	var errs []error
+	// unlisted says how many failures the report does not list, once the failures are
+	// all known.
+	unlisted := func() error {
+		if failures <= maxListedFailures {
+			return nil
+		}
+		log.Warn("more objects failed or were refused than a report lists", "failed", failures, "listed", maxListedFailures)
+		return fmt.Errorf("%d objects failed or were refused; the report lists the first %d", failures, maxListedFailures)
+	}
 
 	var desired []*unstructured.Unstructured
 	keep := map[objectKey]bool{}
@@ -161,7 +189,7 @@ func (a *Applier) Apply(ctx context.Context, state protocol.DesiredState) protoc
 	sortForApply(desired)
 	for _, u := range desired {
 		if err := ctx.Err(); err != nil {
-			out.Error = fmt.Sprintf("applying stopped before %s: %v", describe(u), err)
+			out.Error = errors.Join(fmt.Errorf("applying stopped before %s: %w", protocol.ClipTo(describe(u), maxResultText), err), unlisted()).Error()
 			return out
 		}
 		report(a.applyOne(ctx, u))
@@ -175,7 +203,7 @@ func (a *Applier) Apply(ctx context.Context, state protocol.DesiredState) protoc
 			errs = append(errs, err)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(append(errs, unlisted())...); err != nil {
 		out.Error = err.Error()
 	}
 	log.Info("applied desired state", "objects", len(desired), "results", len(out.Results), "complete", out.Complete())
@@ -282,6 +310,15 @@ func refusal(live *unstructured.Unstructured, label, identity, owner string, lab
 	}
 	return fmt.Sprintf("%s: %s (uid %s): %s; label it %s=%s to hand it over",
 		RefusePrefix, describe(live), live.GetUID(), whose, label, identity)
+}
+
+// clipped is r with each text clipped to maxResultText: the desired state chose them, or
+// an API server echoing it did, and a failure need not have been held to any length.
+func clipped(r protocol.ObjectResult) protocol.ObjectResult {
+	for _, s := range []*string{&r.APIVersion, &r.Kind, &r.Namespace, &r.Name, &r.Message} {
+		*s = protocol.ClipTo(*s, maxResultText)
+	}
+	return r
 }
 
 func resultOf(u *unstructured.Unstructured) protocol.ObjectResult {

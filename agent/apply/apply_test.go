@@ -729,6 +729,86 @@ func TestApplySkipsPruningWhenAnObjectCannotBeDecoded(t *testing.T) {
 	}
 }
 
+// A desired state the tunnel carries yields a report the tunnel carries, however many of
+// its objects fail and however long what they say: the report lists the first failures,
+// clipped, and says how many there were.
+func TestApplyReportsAnyDesiredStateWithinTheTunnelsMessageCap(t *testing.T) {
+	t.Parallel()
+	const many = 40000
+	objects := func(n int, object func(i int) string) []json.RawMessage {
+		out := make([]json.RawMessage, n)
+		for i := range out {
+			out[i] = json.RawMessage(object(i))
+		}
+		return out
+	}
+	for i, tc := range []struct {
+		name    string
+		objects []json.RawMessage
+		// listed is how many failures the report lists; errorWant is in Applied.Error.
+		listed    int
+		errorWant []string
+	}{
+		{
+			// The decoder's error repeats each object whole.
+			name: "tens of thousands of objects that cannot be decoded",
+			objects: objects(many, func(i int) string {
+				return fmt.Sprintf(`{"apiVersion":"kueue.x-k8s.io/v1beta2","metadata":{"name":"flavor-%05d","labels":{"team":"research"}},"spec":{"nodeLabels":{"gpu":"h100"}}}`, i)
+			}),
+			listed:    100,
+			errorWant: []string{fmt.Sprintf("%d objects of the desired state could not be decoded", many), fmt.Sprintf("%d objects failed or were refused; the report lists the first 100", many)},
+		},
+		{
+			name: "tens of thousands of objects not labeled for this worker",
+			objects: objects(many, func(i int) string {
+				return fmt.Sprintf(`{"apiVersion":"kueue.x-k8s.io/v1beta2","kind":"ResourceFlavor","metadata":{"name":"flavor-%05d"}}`, i)
+			}),
+			listed:    100,
+			errorWant: []string{fmt.Sprintf("%d objects failed or were refused; the report lists the first 100", many)},
+		},
+		{
+			// Reported as its name, and again in its message.
+			name: "an object named with megabytes",
+			objects: objects(1, func(int) string {
+				return `{"apiVersion":"kueue.x-k8s.io/v1beta2","kind":"ResourceFlavor","metadata":{"name":"` + strings.Repeat("f", 6<<20) + `"}}`
+			}),
+			listed: 1,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorker(t, fmt.Sprintf("toolarge%d", i))
+			st := protocol.DesiredState{Generation: 1, Hash: "sha256:" + strings.Repeat("0", 64), Objects: tc.objects}
+			if err := protocol.NewConn(&bytes.Buffer{}).Send(protocol.TypeDesired, &st); err != nil {
+				t.Fatalf("the desired state itself does not fit the tunnel: %v", err)
+			}
+			a := w.applier.Apply(t.Context(), st)
+			if err := protocol.NewConn(&bytes.Buffer{}).Send(protocol.TypeApplied, &a); err != nil {
+				t.Errorf("the report does not fit the tunnel: %v", err)
+			}
+			failed := 0
+			for _, r := range a.Results {
+				if r.Action == protocol.ActionFailed {
+					failed++
+				}
+			}
+			if failed != tc.listed || len(a.Results) != tc.listed {
+				t.Errorf("the report lists %d results, %d of them failed; want %d failed", len(a.Results), failed, tc.listed)
+			}
+			if len(tc.errorWant) == 0 && a.Error != "" {
+				t.Errorf("Applied.Error %q, want none", protocol.ClipTo(a.Error, 1<<10))
+			}
+			for _, want := range tc.errorWant {
+				if !strings.Contains(a.Error, want) {
+					t.Errorf("Applied.Error %q, want it to say %q", protocol.ClipTo(a.Error, 1<<10), want)
+				}
+			}
+			if a.Complete() {
+				t.Error("a report of failures is complete")
+			}
+		})
+	}
+}
+
 func TestApplyReportsImmutableChangesWithoutRecreating(t *testing.T) {
 	t.Parallel()
 	w := newWorker(t, "immutable")

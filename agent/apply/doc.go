@@ -53,7 +53,11 @@
 // when missing and otherwise skipped, whoever owns them: they are never written to once
 // they exist, so there is nothing to refuse.
 //
-// An error on one object fails that object only; the others are still applied.
+// An error on one object fails that object only; the others are still applied. The
+// report lists the first 100 objects that failed or were refused, each of their texts
+// clipped to 1 KiB, and Applied.Error says how many there were: however many objects
+// of a desired state are broken, and however long what they say, its report fits in a
+// control message (protocol.MaxMessageSize), and the log holds no more than it.
 //
 // # Prune
 //

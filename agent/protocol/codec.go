@@ -146,11 +146,15 @@ const maxClip = 128
 // Clip is s as an error or a log line may carry text the peer chose: at most maxClip
 // bytes of it, and how long it was past them. A peer must not write the other side's
 // log at the rate of its link.
-func Clip(s string) string {
-	if len(s) <= maxClip {
+func Clip(s string) string { return ClipTo(s, maxClip) }
+
+// ClipTo is Clip with a bound of n bytes, for text that must say more than a log line:
+// what a report tells of one object.
+func ClipTo(s string, n int) string {
+	if len(s) <= n {
 		return s
 	}
-	return fmt.Sprintf("%s… (%d bytes)", strings.ToValidUTF8(s[:maxClip], ""), len(s))
+	return fmt.Sprintf("%s… (%d bytes)", strings.ToValidUTF8(s[:n], ""), len(s))
 }
 
 // readBody reads n bytes into a buffer that grows as they arrive, never past n: the

@@ -133,9 +133,12 @@ type ObjectResult struct {
 
 // Applied reports one application of a desired state.
 type Applied struct {
-	Generation int64          `json:"generation"`
-	Hash       string         `json:"hash"`
-	Results    []ObjectResult `json:"results"`
+	Generation int64  `json:"generation"`
+	Hash       string `json:"hash"`
+	// Results are one per object, except that a report of many failures lists the first
+	// of them and Error counts them all (see agent/apply): a report fits in
+	// MaxMessageSize whatever the state it reports.
+	Results []ObjectResult `json:"results"`
 	// Error is set when the state was not applied as a whole (e.g. the worker's API
 	// server was unreachable); Results then hold what was done before.
 	Error string `json:"error,omitempty"`
