@@ -132,7 +132,6 @@ type Agent struct {
 	credential protocol.Secret // also in the Secret; kept here should storing it fail
 	expires    time.Time       // the credential's expiry; zero when the hub sent none
 	applied    string          // hash last applied
-	latest     string          // hash of the latest desired state received
 	// redemption is the redemption key of the enrollment attempts under way: drawn
 	// once, sent with every attempt, so that the hub can answer a repeated attempt
 	// whose first answer was lost; forgotten once a credential arrives.
@@ -145,6 +144,9 @@ type Agent struct {
 	// the worker's log.
 	streamLog     rate.Sometimes
 	streamRefused atomic.Int64
+
+	// retry applies and reports the state again while its components converge.
+	retry retrier
 }
 
 // New checks the options.
@@ -494,9 +496,6 @@ func (a *Agent) periodic(ctx context.Context, conn *protocol.Conn) {
 func (a *Agent) handle(ctx context.Context, conn *protocol.Conn, body any) error {
 	switch m := body.(type) {
 	case *protocol.DesiredState:
-		a.mu.Lock()
-		a.latest = m.Hash
-		a.mu.Unlock()
 		return a.applyDesired(ctx, conn, m)
 	case *protocol.RotateCredential:
 		if why := unusable(m.Credential); why != "" {
@@ -526,10 +525,30 @@ func (a *Agent) handle(ctx context.Context, conn *protocol.Conn, body any) error
 }
 
 // applyDesired applies m and reports it. While components are converging it tries again
-// every ComponentsRetry, for as long as the tunnel is up and m is the latest state the
-// hub sent: a component that becomes ready later turns the worker green without the
-// hub sending anything.
+// every ComponentsRetry, for as long as the tunnel is up and no other state arrives: a
+// component that becomes ready later turns the worker green without the hub sending
+// anything.
 func (a *Agent) applyDesired(ctx context.Context, conn *protocol.Conn, m *protocol.DesiredState) error {
+	// m takes the place of the state retried until now, which may be m itself: one loop
+	// retries, never two (see retrier).
+	a.retry.stop()
+	again, err := a.applyAndReport(ctx, conn, m)
+	if err != nil || !again {
+		return err
+	}
+	a.retry.start(ctx, a.opts.ComponentsRetry, func(ctx context.Context) bool {
+		again, err := a.applyAndReport(ctx, conn, m)
+		if err != nil {
+			a.opts.Log.Warn("reporting the components", "hash", m.Hash, "error", err)
+		}
+		return err == nil && again
+	})
+	return nil
+}
+
+// applyAndReport applies m once and reports it; again says that a component is on its
+// way, and m is worth applying again.
+func (a *Agent) applyAndReport(ctx context.Context, conn *protocol.Conn, m *protocol.DesiredState) (again bool, err error) {
 	// The apply runs to its end even if the tunnel drops meanwhile: the hub sends the
 	// state again on reconnecting, and applying it again changes nothing.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opts.ApplyTimeout)
@@ -546,22 +565,9 @@ func (a *Agent) applyDesired(ctx context.Context, conn *protocol.Conn, m *protoc
 	// its GPUs already known, so that the first green status counts them.
 	a.sendInventory(ctx, conn)
 	if err := conn.Send(protocol.TypeApplied, &res); err != nil {
-		return err
+		return false, err
 	}
-	if converging(res.Components) {
-		time.AfterFunc(a.opts.ComponentsRetry, func() {
-			a.mu.Lock()
-			latest := a.latest
-			a.mu.Unlock()
-			if ctx.Err() != nil || latest != m.Hash {
-				return
-			}
-			if err := a.applyDesired(ctx, conn, m); err != nil {
-				a.opts.Log.Warn("reporting the components", "error", err)
-			}
-		})
-	}
-	return nil
+	return converging(res.Components), nil
 }
 
 // converging: a component is on its way, not refused or failed.
