@@ -183,8 +183,9 @@ func (p *pacer) delay(lane Lane, write bool, now time.Time) (d time.Duration, bl
 
 // wait blocks until a request of lane may go, counts it as started and returns when;
 // done must follow. A wait the forge's limits make longer than limit fails at once
-// instead.
-func (p *pacer) wait(ctx context.Context, lane Lane, write bool, limit time.Duration) (time.Time, error) {
+// instead, and one that overtaken ends before the request may go fails with
+// errOvertaken.
+func (p *pacer) wait(ctx context.Context, lane Lane, write bool, limit time.Duration, overtaken <-chan struct{}) (time.Time, error) {
 	queued := false
 	defer func() {
 		if queued {
@@ -203,6 +204,12 @@ func (p *pacer) wait(ctx context.Context, lane Lane, write bool, limit time.Dura
 			p.mu.Unlock()
 			return now, nil
 		}
+		select {
+		case <-overtaken:
+			p.mu.Unlock()
+			return time.Time{}, errOvertaken
+		default:
+		}
 		if !blocked && d > limit {
 			p.mu.Unlock()
 			return time.Time{}, fmt.Errorf("%w: %s, more than %s", ErrHeld, d.Round(time.Second), limit)
@@ -218,7 +225,7 @@ func (p *pacer) wait(ctx context.Context, lane Lane, write bool, limit time.Dura
 		if blocked {
 			d = -1
 		}
-		waitFor(ctx, p.clock, d, changed)
+		waitFor(ctx, p.clock, d, changed, overtaken)
 		if err := ctx.Err(); err != nil {
 			return time.Time{}, err
 		}
@@ -335,9 +342,9 @@ func (p *pacer) setLimits(l Limits) {
 	p.learn(l)
 }
 
-// waitFor returns when ctx ends, changed is closed or signalled, or d has passed on c;
-// a negative d waits for the first two alone.
-func waitFor(ctx context.Context, c clock.Clock, d time.Duration, changed <-chan struct{}) {
+// waitFor returns when ctx ends, changed or overtaken is closed, or d has passed on c;
+// a negative d waits for the others alone.
+func waitFor(ctx context.Context, c clock.Clock, d time.Duration, changed, overtaken <-chan struct{}) {
 	var fire <-chan time.Time
 	if d >= 0 {
 		t := c.NewTimer(d)
@@ -347,6 +354,7 @@ func waitFor(ctx context.Context, c clock.Clock, d time.Duration, changed <-chan
 	select {
 	case <-ctx.Done():
 	case <-changed:
+	case <-overtaken:
 	case <-fire:
 	}
 }

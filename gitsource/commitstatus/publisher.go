@@ -74,9 +74,12 @@ type Publisher struct {
 	// commits maps a commit to its *commitState.
 	commits *lru.Cache
 	// keys serializes the posts of one context on one commit, so that two callers do
-	// not both read, both see a change and both post; loads serializes the reading of
-	// one commit's statuses in each lane.
-	keys, loads keylock.Locks[string]
+	// not both read, both see a change and both post.
+	keys keylock.Locks[string]
+	// reading holds, per lane and commit, a channel closed when the read of the
+	// commit's statuses under way in that lane ends: who needs them meanwhile waits for
+	// that read rather than send another, or stops waiting once overtaken.
+	reading map[string]chan struct{}
 }
 
 type commitState struct {
@@ -128,7 +131,7 @@ func NewPublisher(b Backend, opts PublisherOptions) *Publisher {
 	if opts.Limits == nil {
 		opts.Limits, _ = b.(Limited)
 	}
-	p := &Publisher{backend: b, opts: opts, commits: lru.New(opts.Commits), pacer: opts.Budget.pacerFor(opts)}
+	p := &Publisher{backend: b, opts: opts, commits: lru.New(opts.Commits), pacer: opts.Budget.pacerFor(opts), reading: map[string]chan struct{}{}}
 	p.queue = newQueue(p, opts.MaxQueued)
 	p.pacer.setLimits(p.limits())
 	return p
@@ -184,7 +187,7 @@ func (p *Publisher) Publish(ctx context.Context, commit string, st Status) (bool
 	st = p.backend.Canonical(st)
 	unlock := p.keys.Lock(commit + "\x00" + st.Context)
 	defer unlock()
-	return p.deliver(ctx, commit, st, Submission{Lane: Urgent}, p.opts.MaxWait, nil)
+	return p.deliver(ctx, commit, st, Submission{Lane: Urgent}, p.opts.MaxWait, nil, nil)
 }
 
 // deliver posts st, canonical, on commit unless the backend holds it already, or sub
@@ -192,10 +195,11 @@ func (p *Publisher) Publish(ctx context.Context, commit string, st Status) (bool
 // meanwhile, with its Submission: that one goes instead, in the turn this one waited
 // for. Dropping the older one and queueing the newer afresh would let a status that is
 // submitted again faster than the forge's limits let it go (the fleet's summary, at each
-// agent's report) never go at all, each turn spent on one that was already outdated. The
-// caller holds the context's key lock.
-func (p *Publisher) deliver(ctx context.Context, commit string, st Status, sub Submission, maxWait time.Duration, newer func() (Status, Submission, bool)) (bool, error) {
-	cs, err := p.state(ctx, commit, sub.Lane, maxWait)
+// agent's report) never go at all, each turn spent on one that was already outdated.
+// overtaken, once closed, ends the waits for a turn with errOvertaken: a newer status
+// goes in a faster lane (queue.overtake). The caller holds the context's key lock.
+func (p *Publisher) deliver(ctx context.Context, commit string, st Status, sub Submission, maxWait time.Duration, newer func() (Status, Submission, bool), overtaken <-chan struct{}) (bool, error) {
+	cs, err := p.state(ctx, commit, sub.Lane, maxWait, overtaken)
 	if err != nil {
 		return false, err
 	}
@@ -217,7 +221,7 @@ func (p *Publisher) deliver(ctx context.Context, commit string, st Status, sub S
 			return !needed
 		}
 	}
-	err = p.request(ctx, sub.Lane, true, maxWait, stale, func(ctx context.Context) error {
+	err = p.request(ctx, sub.Lane, true, maxWait, stale, overtaken, func(ctx context.Context) error {
 		err := p.backend.Set(ctx, commit, st)
 		if err != nil {
 			// The forge may have taken it all the same: what the commit shows is not
@@ -276,7 +280,7 @@ func (s State) failing() bool { return s == Failure || s == Error }
 // Latest is the backend's newest status per context on commit, as the Publisher last
 // read or wrote it.
 func (p *Publisher) Latest(ctx context.Context, commit string) (map[string]Status, error) {
-	cs, err := p.state(ctx, commit, Urgent, p.opts.MaxWait)
+	cs, err := p.state(ctx, commit, Urgent, p.opts.MaxWait, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -303,18 +307,39 @@ func (p *Publisher) cached(commit string) *commitState {
 // commits a hub's first read touches are read at the Bulk lane's pace, not out of the
 // reserve a single change's status waits for. A read of each lane may be under way for
 // one commit at once, so that an Urgent status never waits for a Bulk read; the first
-// to finish is kept.
-func (p *Publisher) state(ctx context.Context, commit string, lane Lane, maxWait time.Duration) (*commitState, error) {
-	if cs := p.cached(commit); cs != nil {
-		return cs, nil
+// to finish is kept. overtaken, once closed, ends the wait for the read with
+// errOvertaken (see deliver).
+func (p *Publisher) state(ctx context.Context, commit string, lane Lane, maxWait time.Duration, overtaken <-chan struct{}) (*commitState, error) {
+	key := lane.String() + "/" + commit
+	for {
+		p.mu.Lock()
+		if v, ok := p.commits.Get(commit); ok {
+			p.mu.Unlock()
+			return v.(*commitState), nil
+		}
+		under, ok := p.reading[key]
+		if !ok {
+			p.reading[key] = make(chan struct{})
+			p.mu.Unlock()
+			break
+		}
+		p.mu.Unlock()
+		select {
+		case <-under:
+		case <-overtaken:
+			return nil, fmt.Errorf("status: reading statuses of %s: %w", commit, errOvertaken)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("status: reading statuses of %s: %w", commit, ctx.Err())
+		}
 	}
-	unlock := p.loads.Lock(lane.String() + "/" + commit)
-	defer unlock()
-	if cs := p.cached(commit); cs != nil {
-		return cs, nil
-	}
+	defer func() {
+		p.mu.Lock()
+		close(p.reading[key])
+		delete(p.reading, key)
+		p.mu.Unlock()
+	}()
 	var latest map[string]Status
-	err := p.request(ctx, lane, false, maxWait, nil, func(ctx context.Context) error {
+	err := p.request(ctx, lane, false, maxWait, nil, overtaken, func(ctx context.Context) error {
 		var err error
 		latest, err = p.backend.Latest(ctx, commit)
 		return err
@@ -339,6 +364,10 @@ func (p *Publisher) state(ctx context.Context, commit string, lane Lane, maxWait
 // errSuperseded ends the attempts at a status replaced by a newer one that needs no post.
 var errSuperseded = errors.New("status: superseded by a newer one")
 
+// errOvertaken ends the waits for its turn of a status a newer one overtook, submitted
+// in a faster lane (queue.overtake).
+var errOvertaken = errors.New("status: overtaken by a newer one in a faster lane")
+
 // maxRefusals bounds how often one request is refused for a rate limit before it is
 // given up: each refusal waits as the forge asks, so this only ends a forge that keeps
 // asking.
@@ -349,15 +378,16 @@ const maxRefusals = 10
 // as long as it asks, up to maxWait, without spending the backoff's attempts; other
 // retryable failures wait the backoff's steps. stale, when set, is asked before each
 // attempt and again once its turn came (it may change what op sends); true ends the
-// attempts with errSuperseded.
-func (p *Publisher) request(ctx context.Context, lane Lane, write bool, maxWait time.Duration, stale func() bool, op func(context.Context) error) error {
+// attempts with errSuperseded. overtaken, once closed, ends the waits between attempts
+// and for an attempt's turn with errOvertaken, never an attempt under way.
+func (p *Publisher) request(ctx context.Context, lane Lane, write bool, maxWait time.Duration, stale func() bool, overtaken <-chan struct{}, op func(context.Context) error) error {
 	b := p.opts.Backoff
 	refusals := 0
 	for {
 		if stale != nil && stale() {
 			return errSuperseded
 		}
-		a := &attempt{p: p, lane: lane, write: write, maxWait: maxWait}
+		a := &attempt{p: p, lane: lane, write: write, maxWait: maxWait, overtaken: overtaken}
 		if err := a.next(ctx); err != nil {
 			return err
 		}
@@ -396,6 +426,9 @@ func (p *Publisher) request(ctx context.Context, lane Lane, write bool, maxWait 
 		case <-ctx.Done():
 			t.Stop()
 			return errors.Join(err, ctx.Err())
+		case <-overtaken:
+			t.Stop()
+			return errOvertaken
 		case <-t.C():
 		}
 	}
@@ -408,6 +441,8 @@ type attempt struct {
 	lane    Lane
 	write   bool
 	maxWait time.Duration
+	// overtaken ends the wait for its first request's turn (see request).
+	overtaken <-chan struct{}
 	// sent is when its newest request went; open is set while that request runs.
 	sent time.Time
 	open bool
@@ -419,13 +454,14 @@ type attemptKey struct{}
 // Only the first request of an attempt waits in its lane: the others go as Urgent ones,
 // since the forge may hold the operation half done until they go (GitLab's open job
 // canceled before the new post), and a Bulk one would wait behind every Urgent request.
+// For the same reason, being overtaken does not end their waits.
 func (a *attempt) next(ctx context.Context) error {
-	lane := a.lane
+	lane, overtaken := a.lane, a.overtaken
 	if !a.sent.IsZero() {
-		lane = Urgent
+		lane, overtaken = Urgent, nil
 	}
 	a.finish()
-	sent, err := a.p.pacer.wait(ctx, lane, a.write, a.maxWait)
+	sent, err := a.p.pacer.wait(ctx, lane, a.write, a.maxWait, overtaken)
 	if err != nil {
 		return err
 	}
@@ -459,5 +495,5 @@ func NextRequest(ctx context.Context) error {
 // requests), in the Urgent lane within the forge's limits, retried as a status's is.
 // op may call NextRequest before each further request it makes.
 func (p *Publisher) Send(ctx context.Context, op func(context.Context) error) error {
-	return p.request(ctx, Urgent, false, p.opts.MaxWait, nil, op)
+	return p.request(ctx, Urgent, false, p.opts.MaxWait, nil, nil, op)
 }

@@ -33,6 +33,9 @@ type queued struct {
 	// elem is its place in its lane's list; nil while an older status of its context is
 	// being posted.
 	elem *list.Element
+	// overtaken is made when it is taken to be posted, and closed if a newer status of
+	// its context is then submitted in a faster lane (overtake).
+	overtaken chan struct{}
 }
 
 type queueKey struct{ commit, context string }
@@ -46,14 +49,14 @@ type queue struct {
 	mu      sync.Mutex
 	items   map[queueKey]*queued
 	lanes   [2]*list.List // of queueKey, by Lane
-	posting map[queueKey]bool
+	posting map[queueKey]*queued
 	dropped int
 	changed chan struct{}
 }
 
 func newQueue(p *Publisher, max int) *queue {
 	return &queue{p: p, max: max, items: map[queueKey]*queued{}, lanes: [2]*list.List{list.New(), list.New()},
-		posting: map[queueKey]bool{}, changed: make(chan struct{})}
+		posting: map[queueKey]*queued{}, changed: make(chan struct{})}
 }
 
 // signal wakes the workers to look again. The caller holds q.mu.
@@ -65,7 +68,8 @@ func (q *queue) signal() {
 // Submit queues st to become the newest status of its context on commit and returns at
 // once; the workers Run starts post it, unless a newer status of the context on the
 // commit replaces it first. A status submitted in the Urgent lane takes a queued one of
-// its context along, ahead of the Bulk lane.
+// its context along, ahead of the Bulk lane, and overtakes one of its context that a
+// worker holds in the Bulk lane: that one gives its turn up unless it is being sent.
 func (p *Publisher) Submit(commit string, st Status, sub Submission) error {
 	if err := check(commit, st); err != nil {
 		return err
@@ -86,19 +90,38 @@ func (p *Publisher) Submit(commit string, st Status, sub Submission) error {
 		// Every is judged again against the new status's state.
 		it.st, it.sub, it.notBefore = st, sub, time.Time{}
 		it.sub.Lane = lane
+		q.overtake(k, lane)
 		q.signal()
 		return nil
 	}
 	it := &queued{commit: commit, st: st, sub: sub}
 	q.items[k] = it
-	if !q.posting[k] {
+	if q.posting[k] == nil {
 		it.elem = q.lanes[sub.Lane].PushBack(k)
 	}
+	q.overtake(k, sub.Lane)
 	if len(q.items) > q.max {
 		q.dropOldest()
 	}
 	q.signal()
 	return nil
+}
+
+// overtake tells the post of k under way, if any, that a newer status of k waits to go
+// in lane. From a slower lane, that post gives its turn up, and the newer one goes in
+// lane's turn once it ended: handed over, it would wait the slower lane's turn, which a
+// wave that spent the budget puts as far as its reset. A post already being sent goes
+// on, and the newer one follows it. The caller holds q.mu.
+func (q *queue) overtake(k queueKey, lane Lane) {
+	po := q.posting[k]
+	if po == nil || lane >= po.sub.Lane {
+		return
+	}
+	select {
+	case <-po.overtaken:
+	default:
+		close(po.overtaken)
+	}
 }
 
 // dropOldest drops the status queued longest, Bulk first. The caller holds q.mu.
@@ -123,7 +146,7 @@ func (p *Publisher) Pending() int {
 	defer q.mu.Unlock()
 	n := len(q.posting)
 	for k := range q.items {
-		if !q.posting[k] {
+		if q.posting[k] == nil {
 			n++
 		}
 	}
@@ -174,11 +197,16 @@ func (p *Publisher) post(ctx context.Context, it *queued) {
 			return newer.st, newer.sub, true
 		}
 		return Status{}, Submission{}, false
-	})
+	}, it.overtaken)
 	if err != nil && taken != nil && !errors.Is(err, ErrCapReached) {
-		// A status taken over from the queue goes back to it when its post failed, as
-		// it would have stayed there had it not been taken: it is the newest.
+		// A status taken over from the queue goes back to it when its post failed or
+		// gave its turn up, as it would have stayed there had it not been taken: it is
+		// the newest.
 		p.queue.giveBack(k, taken)
+	}
+	if errors.Is(err, errOvertaken) {
+		// Not a failure: done queues the newer status in its faster lane.
+		return
 	}
 	if err != nil && ctx.Err() == nil {
 		p.opts.Log.Error("posting a commit status", "context", st.Context, "commit", it.commit, "lane", it.sub.Lane, "error", err)
@@ -201,7 +229,7 @@ func (q *queue) next(ctx context.Context, lane Lane) (*queued, bool) {
 		if !wake.IsZero() {
 			d = max(wake.Sub(now), 0)
 		}
-		waitFor(ctx, q.p.opts.Clock, d, changed)
+		waitFor(ctx, q.p.opts.Clock, d, changed, nil)
 		if ctx.Err() != nil {
 			return nil, false
 		}
@@ -236,8 +264,9 @@ func (q *queue) take(lane Lane, now time.Time) (*queued, time.Time) {
 		}
 		q.lanes[lane].Remove(e)
 		it.elem = nil
+		it.overtaken = make(chan struct{})
 		delete(q.items, k)
-		q.posting[k] = true
+		q.posting[k] = it
 		return it, time.Time{}
 	}
 	return nil, wake

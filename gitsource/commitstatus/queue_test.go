@@ -126,12 +126,16 @@ func TestASummaryThatKeepsItsStateWaitsItsTurn(t *testing.T) {
 }
 
 // pacedPublisher is a Publisher, running until the test ends, that lets one request a
-// second go on a fake clock, and the forge it posts to.
-func pacedPublisher(t *testing.T) (*memory, *clocktesting.FakeClock, *commitstatus.Publisher) {
+// second go on a fake clock, and the forge it posts to. tune, if any, changes its
+// options first; they hold the clock.
+func pacedPublisher(t *testing.T, tune ...func(*commitstatus.PublisherOptions)) (*memory, *clocktesting.FakeClock, *commitstatus.Publisher) {
 	m := newMemory(0)
 	clock := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	opts := quick
 	opts.Clock, opts.Rate = clock, 1
+	for _, f := range tune {
+		f(&opts)
+	}
 	p := commitstatus.NewPublisher(m, opts)
 	run(t, p)
 	return m, clock, p
@@ -149,6 +153,130 @@ func postBulk(t *testing.T, p *commitstatus.Publisher, desc string) {
 func waiting(t *testing.T, clock *clocktesting.FakeClock, what string) {
 	t.Helper()
 	poll.Until(t, what, func() (bool, string) { return clock.HasWaiters(), "no request waits" })
+}
+
+// drain steps clock a minute at a time until p has posted all it holds.
+func drain(t *testing.T, clock *clocktesting.FakeClock, p *commitstatus.Publisher) {
+	t.Helper()
+	poll.Until(t, "the queue drained", func() (bool, string) {
+		n := p.Pending()
+		if n == 0 {
+			return true, ""
+		}
+		clock.Step(time.Minute)
+		return false, fmt.Sprintf("%d to post at %s", n, clock.Now().Format(time.TimeOnly))
+	})
+}
+
+// budget is a forge's budget as it stated it once, and never again.
+type budget commitstatus.Limits
+
+func (b budget) Limits() commitstatus.Limits { return commitstatus.Limits(b) }
+
+// A newer status of a context submitted in the Urgent lane while a wave's status of that
+// context waits its Bulk turn, which a wave that spends the budget but for the Urgent
+// lane's reserve puts half an hour away, goes in the Urgent lane's turn: the older one
+// gives its turn up, whether it waited to read its commit or to post, and is not posted
+// over the newer one when that turn comes.
+func TestAnUrgentStatusDoesNotWaitTheBulkTurnOfAnOlderOneOfItsContext(t *testing.T) {
+	const another = "89abcdef0123456789abcdef0123456789abcdef"
+	tests := []struct {
+		name string
+		// busy has a request go just before the wave, so that the Bulk lane's next
+		// turn, the wave's read of its commit, is half an hour away too.
+		busy bool
+	}{
+		{name: "waiting to post"},
+		{name: "waiting to read its commit", busy: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// 8 of 100 an hour left, 5 of them the Urgent lane's reserve: the Bulk lane
+			// spreads the 3 others over the hour, and the Urgent lane goes at once.
+			m, clock, p := pacedPublisher(t, func(opts *commitstatus.PublisherOptions) {
+				opts.Limits = budget{Stated: true, Quota: commitstatus.Quota{Limit: 100, Remaining: 8, Reset: opts.Clock.Now().Add(time.Hour), Window: time.Hour}}
+			})
+			if tt.busy {
+				if _, err := p.Latest(t.Context(), another); err != nil {
+					t.Fatal(err)
+				}
+			}
+			submit := func(context string, st commitstatus.State, desc string, lane commitstatus.Lane) {
+				t.Helper()
+				if err := p.Submit(commit, commitstatus.Status{Context: context, State: st, Description: desc}, commitstatus.Submission{Lane: lane}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			const wave = 5
+			for i := range wave {
+				submit(fmt.Sprintf("flotilla/c%d", i), commitstatus.Pending, "rolling out", commitstatus.Bulk)
+			}
+			// The Bulk workers took the first of the wave, flotilla/c0, before any wait.
+			waiting(t, clock, "the wave waiting its Bulk turn")
+			submit("flotilla/c0", commitstatus.Failure, "crash-looping", commitstatus.Urgent)
+			// The clock stands still: the Urgent lane's turn is now.
+			poll.Until(t, "the newer status posted in the Urgent lane's turn", func() (bool, string) {
+				got := m.latestOf(commit, "flotilla/c0")
+				return got.Description == "crash-looping", fmt.Sprintf("the forge shows %q %q", got.State, got.Description)
+			})
+			drain(t, clock, p)
+			if n, got := m.count(commit, "flotilla/c0"), m.latestOf(commit, "flotilla/c0"); n != 1 || got.State != commitstatus.Failure {
+				t.Fatalf("flotilla/c0 was posted %d times and shows %+v; want once, the newer status", n, got)
+			}
+			for i := 1; i < wave; i++ {
+				if n := m.count(commit, fmt.Sprintf("flotilla/c%d", i)); n != 1 {
+					t.Errorf("flotilla/c%d was posted %d times, want once", i, n)
+				}
+			}
+		})
+	}
+}
+
+// holding is a forge whose post of one description waits until the test lets it end.
+type holding struct {
+	*memory
+	desc             string
+	entered, release chan struct{}
+}
+
+func (h *holding) Set(ctx context.Context, commit string, st commitstatus.Status) error {
+	if st.Description == h.desc {
+		close(h.entered)
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+		}
+		// A forge's client gives up a request whose context ends.
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return h.memory.Set(ctx, commit, st)
+}
+
+// An Urgent status submitted while a Bulk post of its context is under way follows that
+// post, neither cutting it short nor racing it: the forge takes both, the newer last.
+func TestAnUrgentStatusFollowsABulkPostOfItsContextUnderWay(t *testing.T) {
+	h := &holding{memory: newMemory(0), desc: "outdated", entered: make(chan struct{}), release: make(chan struct{})}
+	p := commitstatus.NewPublisher(h, quick)
+	run(t, p)
+	postBulk(t, p, "outdated")
+	poll.Until(t, "the Bulk post under way", func() (bool, string) {
+		select {
+		case <-h.entered:
+			return true, ""
+		default:
+			return false, "not sent yet"
+		}
+	})
+	if err := p.Submit(commit, commitstatus.Status{Context: "flotilla/a", State: commitstatus.Failure, Description: "newest"}, commitstatus.Submission{Lane: commitstatus.Urgent}); err != nil {
+		t.Fatal(err)
+	}
+	close(h.release)
+	settle(t, p)
+	if n, got := h.count(commit, "flotilla/a"), h.latestOf(commit, "flotilla/a"); n != 2 || got.Description != "newest" {
+		t.Fatalf("%d posts, the forge shows %q; want both posted, the newest last", n, got.Description)
+	}
 }
 
 // A status superseded while it waits its turn within the forge's limits is not posted:
