@@ -11,8 +11,8 @@ import (
 )
 
 func TestAuthFromFilesReadsTheRepositoryWithTheCredentialsTheFilesHold(t *testing.T) {
-	authorized, key := newSSHKey(t)
-	_, strangerKey := newSSHKey(t)
+	authorized, key := gitserver.NewSSHKey(t)
+	_, strangerKey := gitserver.NewSSHKey(t)
 	const user, password = "fleet-admin", "http-pa55word"
 	srv := gitserver.StartSSH(t, user, password, authorized)
 	repo := srv.NewRepo(t, "fleet", template)
@@ -76,7 +76,7 @@ func TestAuthFromFilesReadsTheRepositoryWithTheCredentialsTheFilesHold(t *testin
 }
 
 func TestAuthFromFilesRefusesFilesThatCannotAuthenticate(t *testing.T) {
-	_, key := newSSHKey(t)
+	_, key := gitserver.NewSSHKey(t)
 	dir := t.TempDir()
 	file := func(name, content string) string {
 		p := filepath.Join(dir, name)

@@ -2,11 +2,8 @@ package gitsource
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"sync/atomic"
-	"time"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp"
@@ -15,6 +12,8 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/storer"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	"github.com/go-git/go-git/v5/plumbing/transport/client"
+
+	"github.com/flotilla-gitops/flotilla/gitsource/internal/gitconn"
 )
 
 // session is one conversation with the remote: the refs it advertised, and at most
@@ -25,9 +24,12 @@ type session struct {
 	refs storer.ReferenceStorer
 }
 
-// open starts a session and reads the remote's refs; h counts the connections of its
-// kind (the branch's or the pull requests') given up on.
-func (s *Source) open(ctx context.Context, h *hangs) (*session, error) {
+// open starts a session and reads the remote's refs. The session is given up when ctx
+// ends, even over SSH, whose connection go-git starts with no context: a server that
+// accepts and never answers would hold the source's lock, and with it the branch or the
+// pull requests, for good. h counts the connections of its kind (the branch's or the
+// pull requests') given up on, so that neither holds the other up.
+func (s *Source) open(ctx context.Context, h *gitconn.Hangs) (*session, error) {
 	ep, err := transport.NewEndpoint(s.opts.URL)
 	if err != nil {
 		return nil, s.wrap("reading the URL of", err)
@@ -36,7 +38,7 @@ func (s *Source) open(ctx context.Context, h *hangs) (*session, error) {
 	if err != nil {
 		return nil, s.wrap("connecting to", err)
 	}
-	up, err := s.connect(ctx, cl, ep, h)
+	up, err := h.UploadPack(ctx, cl, ep, s.opts.Auth)
 	if err != nil {
 		return nil, s.wrap("connecting to", err)
 	}
@@ -51,65 +53,6 @@ func (s *Source) open(ctx context.Context, h *hangs) (*session, error) {
 		return nil, s.wrap("listing refs", err)
 	}
 	return &session{UploadPackSession: up, adv: adv, refs: refs}, nil
-}
-
-// errHanging is the error of a connection tried while those given up on have not ended.
-var errHanging = errors.New("the server has not answered the last connections yet")
-
-// hangs counts the connections of one kind given up on that have not ended, and when the
-// newest was given up. The branch and the pull requests count theirs apart, so that
-// neither holds the other up.
-type hangs struct {
-	n    atomic.Int32
-	last atomic.Int64 // Unix nanoseconds
-}
-
-const (
-	// maxHanging is how many connections of a kind may hang at once: a server that
-	// never answers costs at most this many.
-	maxHanging = 4
-	// hangRetry is how long after a connection was given up the next is tried while it
-	// still hangs: one that hangs for good does not refuse every later one.
-	hangRetry = 5 * time.Minute
-)
-
-// connect starts an upload-pack session with the remote, given up when ctx ends. Over
-// SSH, go-git connects, shakes hands and starts upload-pack with neither a deadline nor
-// a context: a server that accepts the connection and never answers would hold the
-// source's lock, and with it the branch or the pull requests, for good. A connection
-// given up on is left to end on its own, and closed when it does; until then the next
-// of its kind fails at once for hangRetry, so that a server that never answers costs a
-// few connections, not one per try.
-func (s *Source) connect(ctx context.Context, cl transport.Transport, ep *transport.Endpoint, h *hangs) (transport.UploadPackSession, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if n := h.n.Load(); n >= maxHanging || n > 0 && time.Since(time.Unix(0, h.last.Load())) < hangRetry {
-		return nil, errHanging
-	}
-	type result struct {
-		up  transport.UploadPackSession
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		up, err := cl.NewUploadPackSession(ep, s.opts.Auth)
-		done <- result{up, err}
-	}()
-	select {
-	case r := <-done:
-		return r.up, r.err
-	case <-ctx.Done():
-		h.n.Add(1)
-		h.last.Store(time.Now().UnixNano())
-		go func() {
-			if r := <-done; r.err == nil {
-				r.up.Close()
-			}
-			h.n.Add(-1)
-		}()
-		return nil, ctx.Err()
-	}
 }
 
 // ref is what the remote's ref name points at, or the zero hash.

@@ -17,6 +17,8 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/plumbing/storer"
 	"github.com/go-git/go-git/v5/plumbing/transport"
+
+	"github.com/flotilla-gitops/flotilla/gitsource/internal/gitconn"
 )
 
 // Options say which repository and branch to follow.
@@ -80,8 +82,8 @@ type Source struct {
 	refused map[plumbing.ReferenceName]*BudgetError
 	slow    map[plumbing.ReferenceName]plumbing.Hash
 
-	// branchHangs and prHangs count the connections given up on (see connect).
-	branchHangs, prHangs hangs
+	// branchHangs and prHangs count the connections given up on (see open).
+	branchHangs, prHangs gitconn.Hangs
 }
 
 // Snapshot is the fleet repository at one commit.

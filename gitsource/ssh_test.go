@@ -2,44 +2,21 @@ package gitsource_test
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/pem"
-	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-git/go-git/v5/plumbing"
-	"golang.org/x/crypto/ssh"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
 	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
-func newSSHKey(t *testing.T) (ssh.PublicKey, []byte) {
-	t.Helper()
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, err := ssh.MarshalPrivateKey(priv, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sshPub, err := ssh.NewPublicKey(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sshPub, pem.EncodeToMemory(block)
-}
-
 func TestSSH(t *testing.T) {
-	authorized, key := newSSHKey(t)
-	_, strangerKey := newSSHKey(t)
+	authorized, key := gitserver.NewSSHKey(t)
+	_, strangerKey := gitserver.NewSSHKey(t)
 	srv := gitserver.StartSSH(t, "fleet-admin", "http-password", authorized)
 	repo := srv.NewRepo(t, "fleet", template)
 	knownHosts := srv.KnownHosts(t)
@@ -101,34 +78,14 @@ func TestSSH(t *testing.T) {
 // context ends, rather than holding the source for good, and costs one connection
 // however often the hub tries again, until that connection ends.
 func TestAnSSHServerThatNeverAnswersFailsTheFetchInTime(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	srv := gitserver.StartSilent(t)
+	conns := srv.Accepted()
+	_, key := gitserver.NewSSHKey(t)
+	auth, err := gitsource.SSHAuth("git", key, nil, srv.KnownHosts(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	conns := make(chan net.Conn, 16)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				close(conns)
-				return
-			}
-			conns <- c
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		for c := range conns {
-			c.Close()
-		}
-	})
-	hostKey, key := newSSHKey(t)
-	port := l.Addr().(*net.TCPAddr).Port
-	auth, err := gitsource.SSHAuth("git", key, nil, fmt.Appendf(nil, "[127.0.0.1]:%d %s", port, ssh.MarshalAuthorizedKey(hostKey)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := gitsource.New(gitsource.Options{URL: fmt.Sprintf("ssh://git@127.0.0.1:%d/fleet.git", port), Branch: "main", Auth: auth})
+	s, err := gitsource.New(gitsource.Options{URL: srv.URL("fleet"), Branch: "main", Auth: auth})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,11 @@
 // the winner's notes, so nothing written is lost. A writer fetches and holds only the
 // newest notes, never their history, and fans the notes tree out as git does once it
 // grows, so that what one status costs does not grow with every status set before.
+//
+// Every connection to the server is given up when the context of the call ends, over
+// SSH too, whose connection go-git starts with no context: a server that accepts and
+// never answers fails the post in time instead of holding the backend for good, and
+// costs a few connections however often the post is retried (see gitconn).
 package gitnotes
 
 import (
@@ -23,7 +28,6 @@ import (
 	"time"
 
 	git "github.com/go-git/go-git/v5"
-	"github.com/go-git/go-git/v5/config"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/object"
@@ -33,6 +37,7 @@ import (
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
+	"github.com/flotilla-gitops/flotilla/gitsource/internal/gitconn"
 )
 
 // DefaultRef is where flotilla's notes live.
@@ -54,15 +59,17 @@ type Options struct {
 
 // Backend is a commitstatus.Backend over git notes.
 type Backend struct {
-	opts   Options
-	mu     sync.Mutex
-	store  *memory.Storage
-	repo   *git.Repository
-	remote *git.Remote
+	opts  Options
+	ep    *transport.Endpoint
+	mu    sync.Mutex
+	store *memory.Storage
+	repo  *git.Repository
 	// kept is how many objects the store held when it last kept only the newest notes,
 	// and written how many bytes of objects were written since (see keepNewest).
 	kept    int
 	written int64
+	// hangs counts the connections given up on (see gitconn).
+	hangs gitconn.Hangs
 }
 
 var _ commitstatus.Backend = (*Backend)(nil)
@@ -102,7 +109,11 @@ func New(opts Options) (*Backend, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	b := &Backend{opts: opts}
+	ep, err := transport.NewEndpoint(opts.URL)
+	if err != nil {
+		return nil, fmt.Errorf("gitnotes: the URL %s: %s", gitsource.RedactURL(opts.URL), gitsource.RedactError(err, opts.Auth, opts.URL))
+	}
+	b := &Backend{opts: opts, ep: ep}
 	if err := b.open(memory.NewStorage()); err != nil {
 		return nil, err
 	}
@@ -115,11 +126,7 @@ func (b *Backend) open(st *memory.Storage) error {
 	if err != nil {
 		return fmt.Errorf("gitnotes: %w", err)
 	}
-	remote, err := repo.CreateRemote(&config.RemoteConfig{Name: "origin", URLs: []string{b.opts.URL}})
-	if err != nil {
-		return fmt.Errorf("gitnotes: %w", err)
-	}
-	b.store, b.repo, b.remote = st, repo, remote
+	b.store, b.repo = st, repo
 	b.kept, b.written = len(st.Objects), 0
 	return nil
 }
@@ -225,78 +232,21 @@ func (b *Backend) Set(ctx context.Context, commit string, st commitstatus.Status
 		if err != nil {
 			return err
 		}
-		err = b.remote.PushContext(ctx, &git.PushOptions{
-			RefSpecs: []config.RefSpec{config.RefSpec(next.String() + ":" + b.opts.Ref)},
-			Auth:     b.opts.Auth,
-		})
-		if err == nil || errors.Is(err, git.NoErrAlreadyUpToDate) {
+		err = b.push(ctx, head, next)
+		if err == nil {
 			return b.keepNewest(next)
 		}
-		// A writer that pushed first shows as a refused non-fast-forward, or, when both
+		// A writer that pushed first shows as the ref moved from head, or, when both
 		// pushes met on the server, as whatever the losing receive-pack said: either way
 		// the ref has moved, and the change is redone on top of it.
+		if errors.Is(err, errMoved) {
+			continue
+		}
 		if moved, lerr := b.moved(ctx, head); lerr != nil || !moved {
 			return b.wrap("pushing notes", err)
 		}
 	}
 	return fmt.Errorf("gitnotes: %s on %s: lost the race to push %d times", st.Context, h, b.opts.Attempts)
-}
-
-// moved reports whether the remote notes ref is no longer at head.
-func (b *Backend) moved(ctx context.Context, head plumbing.Hash) (bool, error) {
-	refs, err := b.remote.ListContext(ctx, &git.ListOptions{Auth: b.opts.Auth})
-	if err != nil {
-		return false, err
-	}
-	for _, r := range refs {
-		if r.Name() == plumbing.ReferenceName(b.opts.Ref) {
-			return r.Hash() != head, nil
-		}
-	}
-	return !head.IsZero(), nil
-}
-
-// fetch brings the remote notes ref in and returns its commit, the zero hash when the
-// repository has no notes yet.
-func (b *Backend) fetch(ctx context.Context) (plumbing.Hash, error) {
-	refs, err := b.remote.ListContext(ctx, &git.ListOptions{Auth: b.opts.Auth})
-	if err != nil {
-		if errors.Is(err, transport.ErrEmptyRemoteRepository) {
-			return plumbing.ZeroHash, nil
-		}
-		return plumbing.ZeroHash, b.wrap("listing refs", err)
-	}
-	var remote plumbing.Hash
-	for _, r := range refs {
-		if r.Name() == plumbing.ReferenceName(b.opts.Ref) {
-			remote = r.Hash()
-		}
-	}
-	if remote.IsZero() {
-		return plumbing.ZeroHash, nil
-	}
-	if _, err := b.repo.CommitObject(remote); err == nil {
-		return remote, nil
-	}
-	// Only the newest notes are read: the history below them, which grows with every
-	// status set, is not fetched.
-	err = b.remote.FetchContext(ctx, &git.FetchOptions{
-		RefSpecs: []config.RefSpec{config.RefSpec("+" + b.opts.Ref + ":" + b.opts.Ref)},
-		Auth:     b.opts.Auth,
-		Depth:    1,
-		Tags:     git.NoTags,
-		Force:    true,
-	})
-	if err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
-		return plumbing.ZeroHash, b.wrap("fetching notes", err)
-	}
-	// Another writer may have pushed since the listing: the fetch brought its notes,
-	// and none below them.
-	ref, err := b.repo.Reference(plumbing.ReferenceName(b.opts.Ref), false)
-	if err != nil {
-		return plumbing.ZeroHash, fmt.Errorf("gitnotes: %s after a fetch: %w", b.opts.Ref, err)
-	}
-	return ref.Hash(), b.keepNewest(ref.Hash())
 }
 
 // note reads the note on commit in the notes commit head, with the path it is at.
