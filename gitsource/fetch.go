@@ -74,9 +74,12 @@ func (ss *session) ref(name plumbing.ReferenceName) plumbing.Hash {
 // sends the whole tree again, every time (some 20,000 objects for a change to one
 // cluster of 10,000). git's own servers and the forges built on them offer thin packs,
 // and readPack resolves them.
-func (ss *session) fetch(ctx context.Context, st *store, want plumbing.Hash, depth int, b budget) error {
+//
+// It returns the objects st did not hold before, even with an error: they stay in st
+// until it is pruned, and whoever bounds what st holds counts them.
+func (ss *session) fetch(ctx context.Context, st *store, want plumbing.Hash, depth int, b budget) ([]*storedObject, error) {
 	if st.have(want) {
-		return nil
+		return nil, nil
 	}
 	return ss.deepen(ctx, st, want, depth, b)
 }
@@ -84,16 +87,16 @@ func (ss *session) fetch(ctx context.Context, st *store, want plumbing.Hash, dep
 // deepen fetches want with depth commits of history into st as fetch does, st holding
 // want already or not: the server sends the history below st's shallow boundary that
 // the new depth takes in.
-func (ss *session) deepen(ctx context.Context, st *store, want plumbing.Hash, depth int, b budget) error {
+func (ss *session) deepen(ctx context.Context, st *store, want plumbing.Hash, depth int, b budget) ([]*storedObject, error) {
 	req := packp.NewUploadPackRequestFromCapabilities(ss.adv.Capabilities)
 	for _, c := range []capability.Capability{capability.ThinPack, capability.Shallow} {
 		if err := req.Capabilities.Set(c); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if ss.adv.Capabilities.Supports(capability.NoProgress) {
 		if err := req.Capabilities.Set(capability.NoProgress); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	req.Wants = []plumbing.Hash{want}
@@ -106,7 +109,7 @@ func (ss *session) deepen(ctx context.Context, st *store, want plumbing.Hash, de
 	}
 	resp, err := ss.UploadPack(ctx, req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Close()
 	var pack io.Reader = resp
@@ -119,14 +122,14 @@ func (ss *session) deepen(ctx context.Context, st *store, want plumbing.Hash, de
 	objs, err := readPack(pack, st, b)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
-		return err
+		return nil, err
 	}
-	st.add(objs)
+	brought := st.add(objs)
 	st.setShallow(resp.Shallows, resp.Unshallows)
 	if !st.have(want) {
-		return fmt.Errorf("the server did not send %s", want)
+		return brought, fmt.Errorf("the server did not send %s", want)
 	}
-	return nil
+	return brought, nil
 }

@@ -154,7 +154,7 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 		return nil, s.prunePullRequests(base, nil)
 	}
 
-	err = ss.fetch(ctx, s.prs, base, PullRequestDepth, budget{Limits: s.opts.BranchLimits, scope: "branch " + s.opts.Branch, per: "fetch of the branch", depth: PullRequestDepth})
+	_, err = ss.fetch(ctx, s.prs, base, PullRequestDepth, budget{Limits: s.opts.BranchLimits, scope: "branch " + s.opts.Branch, per: "fetch of the branch", depth: PullRequestDepth})
 	if err != nil {
 		var be *BudgetError
 		if errors.As(err, &be) {
@@ -165,8 +165,8 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 	}
 	s.prs.refs[baseRef] = base
 	// A pull request is charged for what its head and history add to what the branch
-	// and the pull requests before it hold: the same objects are held once, whoever
-	// brought them.
+	// and the pull requests before it hold or brought: the same objects are held once,
+	// and charged once, whoever brought them.
 	held, _, err := walk(s.prs, []plumbing.Hash{base}, PullRequestDepth, nil)
 	if err != nil {
 		return nil, err
@@ -174,6 +174,11 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 	var (
 		total    int64
 		admitted int
+		// charged are the objects the pull requests before brought, charged as they
+		// came, read or not. They are kept apart from held: walk stops at what held
+		// holds, taking it for whole heads with their trees and history, and a pull
+		// request that was not read leaves no whole head.
+		charged = map[plumbing.Hash]bool{}
 	)
 	for _, pr := range prs {
 		if ctx.Err() != nil {
@@ -186,10 +191,17 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 			pr.Err = be
 			continue
 		}
-		room := s.opts.PullRequestsTotal - total
 		listed := pr.Head
-		before := s.prs.stats().Bytes
-		if err := s.fetchPullRequest(ctx, pr, room); err != nil {
+		brought, err := s.fetchPullRequest(ctx, pr, s.opts.PullRequestsTotal-total)
+		// What it brought stays in the copy until the next pruning, read or not: it is
+		// charged now, or each pull request after one not read could bring as much
+		// again; and once only, or one stacked on what it brought would pay for that
+		// again.
+		for _, o := range brought {
+			charged[o.hash] = true
+			total += int64(len(o.data))
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				// It took the time that was left: the others go first next time.
 				s.slow[localRef(pr)] = listed
@@ -200,22 +212,18 @@ func (s *Source) PullRequests(ctx context.Context, open func(number int) bool) (
 			continue
 		}
 		delete(s.slow, localRef(pr))
-		// What it brought stays in the copy until the next pruning, read or not: a pull
-		// request that is not read is charged that, or each after it could bring as much
-		// again.
-		brought := s.prs.stats().Bytes - before
 		added, _, err := walk(s.prs, []plumbing.Hash{pr.Head}, PullRequestDepth, held)
 		if err != nil {
-			total += brought
 			pr.Err = err
 			continue
 		}
 		var size int64
-		for _, o := range added {
-			size += int64(len(o.data))
+		for h, o := range added {
+			if !charged[h] {
+				size += int64(len(o.data))
+			}
 		}
-		if size > room {
-			total += brought
+		if size > s.opts.PullRequestsTotal-total {
 			pr.Err = s.crowded(pr)
 			continue
 		}
@@ -277,48 +285,50 @@ func (s *Source) crowded(pr *PullRequest) *BudgetError {
 // fetchPullRequest brings pr's head, unless the copy has it, in a session of its own:
 // a head that moved since it was listed is read where it is now. The fetch brings at
 // most room bytes, what the pull requests before it left of Options.PullRequestsTotal.
-func (s *Source) fetchPullRequest(ctx context.Context, pr *PullRequest, room int64) error {
+// It returns the objects the copy did not hold before, even with an error.
+func (s *Source) fetchPullRequest(ctx context.Context, pr *PullRequest, room int64) ([]*storedObject, error) {
 	local := localRef(pr)
 	if be := s.refused[local]; be != nil && be.Commit == pr.Head {
 		// Over the budget it stays: fetching it again would bring as much again.
-		return be
+		return nil, be
 	}
+	var brought []*storedObject
 	if !s.prs.have(pr.Head) {
 		if room <= 0 {
-			return s.crowded(pr)
+			return nil, s.crowded(pr)
 		}
 		ss, err := s.open(ctx, &s.prHangs)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		defer ss.Close()
 		head := ss.ref(plumbing.ReferenceName(pr.Ref))
 		if head.IsZero() {
-			return fmt.Errorf("%s is gone from %s", pr.Ref, RedactURL(s.opts.URL))
+			return nil, fmt.Errorf("%s is gone from %s", pr.Ref, RedactURL(s.opts.URL))
 		}
 		pr.Head = head
 		b := s.prBudget(pr)
 		own := b.Limits
 		b.Bytes = min(b.Bytes, room)
-		err = ss.fetch(ctx, s.prs, head, PullRequestDepth, b)
+		brought, err = ss.fetch(ctx, s.prs, head, PullRequestDepth, b)
 		var be *BudgetError
 		if errors.As(err, &be) {
 			be.Commit = head
 			if bytesOnly := !be.TooManyObjects && be.DirEntries == 0 && be.FileSize <= own.Bytes; bytesOnly && b.Bytes < own.Bytes {
 				// Within its own budget, but not within the room the others left: it
 				// may fit once they close, so it is not remembered as refused.
-				return s.crowded(pr)
+				return brought, s.crowded(pr)
 			}
 			be.Limits = own
 			s.refused[local] = be
-			return be
+			return brought, be
 		}
 		if err != nil {
-			return fmt.Errorf("fetching %s: %s", pr.Ref, RedactError(err, s.opts.Auth, s.opts.URL))
+			return brought, fmt.Errorf("fetching %s: %s", pr.Ref, RedactError(err, s.opts.Auth, s.opts.URL))
 		}
 	}
 	s.prs.refs[local] = pr.Head
-	return nil
+	return brought, nil
 }
 
 // prunePullRequests releases, once the copy has grown enough, everything but the

@@ -394,6 +394,55 @@ func TestPullRequestsThatDidNotFitBringNoMoreThanTheHubHoldsAtOnce(t *testing.T)
 	}
 }
 
+// What a pull request that did not fit brought is charged once: one stacked on it is
+// charged for what it adds. #2 is a change with #9 merged in; the copy holds #9's
+// content from the first pass, which no pull request before #2 holds, and with it #2
+// does not fit, though what it brings does. #3 is stacked on #2's change: it brings
+// little, and is read.
+func TestAPullRequestStackedOnOneThatDidNotFitIsChargedForWhatItAdds(t *testing.T) {
+	const total = 250 << 10
+	repo := gitserver.Start(t).NewRepo(t, "fleet", template)
+	file := func(n, size int) map[string][]byte {
+		return map[string][]byte{fmt.Sprintf("clusters/%s/payload-%d.bin", fleetgen.ExampleCluster, n): randomFile(uint64(2000+n), size)}
+	}
+	repo.Branch("main", "pr-9")
+	repo.Commit("pr-9", "a large file", file(9, 100<<10))
+	repo.SetRef("refs/pull/9/head", "pr-9")
+	s, err := gitsource.New(gitsource.Options{URL: repo.URL(), Branch: "main", PullRequestsTotal: total, PullRequestLimits: gitsource.Limits{Bytes: 220 << 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prs, err := s.PullRequests(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(prs) != 1 || prs[0].Err != nil {
+		t.Fatalf("first pass: %+v; want #9 read", prs)
+	}
+	before := s.Memory().PullRequests.Bytes
+
+	repo.Branch("main", "pr-2")
+	repo.Commit("pr-2", "a larger file", file(2, 160<<10))
+	repo.Branch("pr-2", "pr-3")
+	repo.Merge("pr-2", "pr-9", "merge #9")
+	repo.SetRef("refs/pull/2/head", "pr-2")
+	repo.Commit("pr-3", "a small file on top of #2's change", file(3, 1<<10))
+	repo.SetRef("refs/pull/3/head", "pr-3")
+	if prs, err = s.PullRequests(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	var be *gitsource.BudgetError
+	if prs[0].Number != 2 || !errors.As(prs[0].Err, &be) || be.HeldBytes == 0 {
+		t.Fatalf("#%d: %v; want #2 not to fit beside #9's content", prs[0].Number, prs[0].Err)
+	}
+	if prs[1].Number != 3 || prs[1].Err != nil {
+		t.Fatalf("#%d: %v; want #3 read: what it shares with #2 was charged to #2", prs[1].Number, prs[1].Err)
+	}
+	if grew := s.Memory().PullRequests.Bytes - before; grew > total {
+		t.Fatalf("the pull requests' copy grew by %d KiB in one pass, past the %d KiB the hub holds of pull requests at once", grew>>10, total>>10)
+	}
+}
+
 // A pull request with a directory wider than the budget is refused at its fetch,
 // before any of the directory's entries is read, in words its author can act on.
 func TestPullRequestWithAWideDirectoryIsRefused(t *testing.T) {

@@ -218,7 +218,7 @@ func (s *Source) fetch(ctx context.Context, keep plumbing.Hash) (*Snapshot, erro
 			// Over the budget it stays: fetching it again would bring as much again.
 			return nil, fmt.Errorf("gitsource: fetching %s: %w", RedactURL(s.opts.URL), be)
 		}
-		err := ss.fetch(ctx, s.branch, remote, 1, budget{Limits: s.opts.BranchLimits, scope: "branch " + s.opts.Branch, per: "fetch of the branch", depth: 1})
+		_, err := ss.fetch(ctx, s.branch, remote, 1, budget{Limits: s.opts.BranchLimits, scope: "branch " + s.opts.Branch, per: "fetch of the branch", depth: 1})
 		if err != nil {
 			var be *BudgetError
 			if errors.As(err, &be) {
@@ -357,7 +357,7 @@ func (s *Source) reach(ctx context.Context, head, last plumbing.Hash) error {
 		if err != nil {
 			return err
 		}
-		err = ss.deepen(ctx, s.branch, head, depth, budget{Limits: s.opts.BranchLimits, scope: "branch " + s.opts.Branch, per: "fetch of the branch", depth: depth})
+		_, err = ss.deepen(ctx, s.branch, head, depth, budget{Limits: s.opts.BranchLimits, scope: "branch " + s.opts.Branch, per: "fetch of the branch", depth: depth})
 		ss.Close()
 		if err != nil {
 			// ctx's end is an error; any other failure leaves the push whole.

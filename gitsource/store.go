@@ -54,16 +54,20 @@ func (s *store) stats() Stats {
 	return Stats{Objects: len(s.objects), Bytes: s.size}
 }
 
-// add makes objects visible together.
-func (s *store) add(objs []*storedObject) {
+// add makes objects visible together, and returns those the store did not hold: what
+// they cost it.
+func (s *store) add(objs []*storedObject) []*storedObject {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var added []*storedObject
 	for _, o := range objs {
 		if _, ok := s.objects[o.hash]; !ok {
 			s.objects[o.hash] = o
 			s.size += int64(len(o.data))
+			added = append(added, o)
 		}
 	}
+	return added
 }
 
 func (s *store) get(h plumbing.Hash) *storedObject {
