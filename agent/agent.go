@@ -48,6 +48,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-gitops/flotilla/agent/components"
@@ -114,6 +115,8 @@ type Options struct {
 	// ComponentsRetry is how often a desired state whose components are not ready yet is
 	// applied and reported again. Default 30 seconds.
 	ComponentsRetry time.Duration
+	// Clock paces those retries. Defaults to the real clock.
+	Clock clock.Clock
 	// Backoff between dials; defaults to DefaultBackoff.
 	Backoff           wait.Backoff
 	AgentVersion      string
@@ -144,9 +147,6 @@ type Agent struct {
 	// the worker's log.
 	streamLog     rate.Sometimes
 	streamRefused atomic.Int64
-
-	// retry applies and reports the state again while its components converge.
-	retry retrier
 }
 
 // New checks the options.
@@ -182,6 +182,9 @@ func New(opts Options) (*Agent, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
 	}
 	return &Agent{opts: opts, streamLog: rate.Sometimes{First: 10, Interval: 10 * time.Second}}, nil
 }
@@ -389,11 +392,22 @@ func (a *Agent) serve(ctx context.Context, ws *websocket.Conn, version int) erro
 	defer a.connected.Store(false)
 	a.opts.Log.Info("connected to the hub", "protocol", version, "proxy", a.opts.Proxy != nil && version >= protocol.ProxyVersion)
 
-	// Heartbeats and inventory run beside the receive loop; they stop with the tunnel.
+	// Heartbeats, inventory and applies run beside the receive loop; they stop with the
+	// tunnel. The tunnel's end waits for the apply under way, so that the next tunnel's
+	// applies never run beside it.
+	var applying sync.WaitGroup
+	defer applying.Wait()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { <-sctx.Done(); _ = t.Close() }()
 	go a.periodic(sctx, conn)
+	desired := make(chan *protocol.DesiredState, 1)
+	applying.Go(func() {
+		if err := a.applyLoop(sctx, conn, desired); err != nil {
+			a.opts.Log.Warn("reporting an applied state", "error", err)
+			_ = t.Close()
+		}
+	})
 
 	for {
 		_, body, err := conn.Receive()
@@ -404,6 +418,17 @@ func (a *Agent) serve(ctx context.Context, ws *websocket.Conn, version int) erro
 				continue
 			}
 			return fmt.Errorf("control stream: %w", err)
+		}
+		if m, ok := body.(*protocol.DesiredState); ok {
+			// In place of the state the apply loop has not taken yet: the newest is
+			// applied, and the receive loop never waits for an apply. It alone sends,
+			// so the slot is free once emptied.
+			select {
+			case <-desired:
+			default:
+			}
+			desired <- m
+			continue
 		}
 		if err := a.handle(sctx, conn, body); err != nil {
 			return err
@@ -495,8 +520,6 @@ func (a *Agent) periodic(ctx context.Context, conn *protocol.Conn) {
 
 func (a *Agent) handle(ctx context.Context, conn *protocol.Conn, body any) error {
 	switch m := body.(type) {
-	case *protocol.DesiredState:
-		return a.applyDesired(ctx, conn, m)
 	case *protocol.RotateCredential:
 		if why := unusable(m.Credential); why != "" {
 			// Not confirmed either: the hub keeps accepting the stored credential and
@@ -524,26 +547,46 @@ func (a *Agent) handle(ctx context.Context, conn *protocol.Conn, body any) error
 	return nil
 }
 
-// applyDesired applies m and reports it. While components are converging it tries again
-// every ComponentsRetry, for as long as the tunnel is up and no other state arrives: a
-// component that becomes ready later turns the worker green without the hub sending
-// anything.
-func (a *Agent) applyDesired(ctx context.Context, conn *protocol.Conn, m *protocol.DesiredState) error {
-	// m takes the place of the state retried until now, which may be m itself: one loop
-	// retries, never two (see retrier).
-	a.retry.stop()
-	again, err := a.applyAndReport(ctx, conn, m)
-	if err != nil || !again {
-		return err
-	}
-	a.retry.start(ctx, a.opts.ComponentsRetry, func(ctx context.Context) bool {
+// applyLoop applies the desired states the receive loop hands it, one at a time, the
+// newest the hub sent first. While components converge it applies and reports the last
+// state again every ComponentsRetry until another state arrives: a component that
+// becomes ready later turns the worker green without the hub sending anything. One loop
+// retries, never one per state: the hub sends its state again every five minutes and
+// on every reconnect. It returns nil when ctx ends, or the error of a report it could
+// not send.
+func (a *Agent) applyLoop(ctx context.Context, conn *protocol.Conn, states <-chan *protocol.DesiredState) error {
+	var (
+		m     *protocol.DesiredState
+		retry clock.Timer
+	)
+	defer func() {
+		if retry != nil {
+			retry.Stop()
+		}
+	}()
+	for {
+		var fire <-chan time.Time
+		if retry != nil {
+			fire = retry.C()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case m = <-states:
+		case <-fire:
+		}
+		if retry != nil {
+			retry.Stop()
+			retry = nil
+		}
 		again, err := a.applyAndReport(ctx, conn, m)
 		if err != nil {
-			a.opts.Log.Warn("reporting the components", "hash", m.Hash, "error", err)
+			return err
 		}
-		return err == nil && again
-	})
-	return nil
+		if again {
+			retry = a.opts.Clock.NewTimer(a.opts.ComponentsRetry)
+		}
+	}
 }
 
 // applyAndReport applies m once and reports it; again says that a component is on its

@@ -195,16 +195,20 @@ func storedSecret(t *testing.T, w worker) map[string][]byte {
 	return sec.Data
 }
 
-// runAgent runs an agent of the hub with the client and clock until the returned stop,
-// or the test's end.
-func runAgent(t *testing.T, h *fakeHub, w worker, now time.Time, token protocol.Secret, log *logtest.Buffer) (stop func()) {
+// runAgent runs an agent of the hub with the client and clock, its options changed by
+// with, until the returned stop, or the test's end.
+func runAgent(t *testing.T, h *fakeHub, w worker, now time.Time, token protocol.Secret, log *logtest.Buffer, with ...func(*agent.Options)) (stop func()) {
 	t.Helper()
-	a, err := agent.New(agent.Options{
+	opts := agent.Options{
 		HubURL: h.url, Identity: identity, EnrollmentToken: token, CredentialSecret: w.secret,
 		Client: w.client, Applier: noApply{}, Liveness: liveness,
 		Backoff: wait.Backoff{Duration: 20 * time.Millisecond, Factor: 2, Steps: 1 << 30, Cap: 200 * time.Millisecond},
 		Log:     log.Logger(), Now: func() time.Time { return now },
-	})
+	}
+	for _, f := range with {
+		f(&opts)
+	}
+	a, err := agent.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

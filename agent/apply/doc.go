@@ -56,8 +56,10 @@
 // An error on one object fails that object only; the others are still applied. The
 // report lists the first 100 objects that failed or were refused, each of their texts
 // clipped to 1 KiB, and Applied.Error says how many there were: however many objects
-// of a desired state are broken, and however long what they say, its report fits in a
-// control message (protocol.MaxMessageSize), and the log holds no more than it.
+// of a desired state are broken, and however long what they say, what the report says
+// of them stays within a control message (protocol.MaxMessageSize), and the log holds no
+// more than it. The objects applied and pruned are each listed, as a decommission's
+// report must name every object it removed.
 //
 // # Prune
 //

@@ -136,8 +136,8 @@ type Applied struct {
 	Generation int64  `json:"generation"`
 	Hash       string `json:"hash"`
 	// Results are one per object, except that a report of many failures lists the first
-	// of them and Error counts them all (see agent/apply): a report fits in
-	// MaxMessageSize whatever the state it reports.
+	// of them and Error counts them all (see agent/apply): broken objects, however many,
+	// do not make a report larger than MaxMessageSize.
 	Results []ObjectResult `json:"results"`
 	// Error is set when the state was not applied as a whole (e.g. the worker's API
 	// server was unreachable); Results then hold what was done before.
