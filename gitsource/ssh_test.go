@@ -95,15 +95,7 @@ func TestAnSSHServerThatNeverAnswersFailsTheFetchInTime(t *testing.T) {
 		defer cancel()
 		done := make(chan error, 1)
 		go func() { _, err := s.Fetch(ctx); done <- err }()
-		var err error
-		poll.Until(t, "the fetch given up", func() (bool, string) {
-			select {
-			case err = <-done:
-				return true, ""
-			default:
-				return false, "it still waits for the server"
-			}
-		})
+		err := poll.Receive(t, "the fetch given up", done)
 		if err == nil {
 			t.Fatal("a fetch from a server that never answers succeeded")
 		}

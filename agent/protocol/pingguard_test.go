@@ -28,6 +28,21 @@ func yamuxFrame(typ byte, flags uint16, stream, length uint32, payload []byte) [
 // frames by hand, as a hostile agent would.
 func hubSide(t *testing.T) (*Tunnel, *websocket.Conn) {
 	t.Helper()
+	tun, ws := dialHub(t)
+	// The answers are read, as a peer that floods and reads would.
+	go func() {
+		for {
+			if _, _, err := ws.ReadMessage(); err != nil {
+				return
+			}
+		}
+	}()
+	return tun, ws
+}
+
+// dialHub is the hub's end of a tunnel, and the WebSocket dialled to it.
+func dialHub(t *testing.T) (*Tunnel, *websocket.Conn) {
+	t.Helper()
 	tunnels := make(chan *Tunnel, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
@@ -49,14 +64,6 @@ func hubSide(t *testing.T) (*Tunnel, *websocket.Conn) {
 	t.Cleanup(func() { _ = ws.Close() })
 	tun := <-tunnels
 	t.Cleanup(func() { _ = tun.Close() })
-	// The answers are read, as a peer that floods and reads would.
-	go func() {
-		for {
-			if _, _, err := ws.ReadMessage(); err != nil {
-				return
-			}
-		}
-	}()
 	return tun, ws
 }
 

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -121,31 +119,12 @@ func TestAnAgentThatOpensAStreamBesidesTheControlStreamIsCutOff(t *testing.T) {
 // them.
 func tunnelPair(t *testing.T) (hub, agent *Tunnel) {
 	t.Helper()
-	hubs := make(chan *Tunnel, 1)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
-		if err != nil {
-			return
-		}
-		tun, err := NewTunnel(ws, false, DefaultLiveness)
-		if err != nil {
-			_ = ws.Close()
-			return
-		}
-		hubs <- tun
-	}))
-	t.Cleanup(srv.Close)
-	ws, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(srv.URL, "http"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent, err = NewTunnel(ws, true, DefaultLiveness)
+	hub, ws := dialHub(t)
+	agent, err := NewTunnel(ws, true, DefaultLiveness)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = agent.Close() })
-	hub = <-hubs
-	t.Cleanup(func() { _ = hub.Close() })
 	return hub, agent
 }
 

@@ -22,6 +22,23 @@ func Until(t testing.TB, what string, cond func() (bool, string)) {
 	Within(t, Deadline, what, cond)
 }
 
+// Receive is what ch sends, once it does, and fails the test with what once Deadline
+// has passed: for a call that must return in time, run in a goroutine that sends its
+// result.
+func Receive[T any](t testing.TB, what string, ch <-chan T) T {
+	t.Helper()
+	var v T
+	Until(t, what, func() (bool, string) {
+		select {
+		case v = <-ch:
+			return true, ""
+		default:
+			return false, "it has not returned"
+		}
+	})
+	return v
+}
+
 // Within is Until with a deadline of its own, for what the system under test takes
 // longer than Deadline to do by design, such as a backoff that doubles.
 func Within(t testing.TB, d time.Duration, what string, cond func() (bool, string)) {

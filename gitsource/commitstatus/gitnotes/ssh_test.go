@@ -38,15 +38,7 @@ func TestAnSSHServerThatNeverAnswersFailsThePostInTime(t *testing.T) {
 		t.Helper()
 		done := make(chan error, 1)
 		go func() { done <- b.Set(ctx, c, status) }()
-		var err error
-		poll.Until(t, "the post given up", func() (bool, string) {
-			select {
-			case err = <-done:
-				return true, ""
-			default:
-				return false, "it still waits for the server"
-			}
-		})
+		err := poll.Receive(t, "the post given up", done)
 		if err == nil {
 			t.Fatal("a post to a server that never answers succeeded")
 		}
