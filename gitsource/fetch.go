@@ -3,12 +3,10 @@ package gitsource
 import (
 	"context"
 	"fmt"
-	"io"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp/capability"
-	"github.com/go-git/go-git/v5/plumbing/protocol/packp/sideband"
 	"github.com/go-git/go-git/v5/plumbing/storer"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	"github.com/go-git/go-git/v5/plumbing/transport/client"
@@ -112,14 +110,7 @@ func (ss *session) deepen(ctx context.Context, st *store, want plumbing.Hash, de
 		return nil, err
 	}
 	defer resp.Close()
-	var pack io.Reader = resp
-	switch {
-	case req.Capabilities.Supports(capability.Sideband64k):
-		pack = sideband.NewDemuxer(sideband.Sideband64k, resp)
-	case req.Capabilities.Supports(capability.Sideband):
-		pack = sideband.NewDemuxer(sideband.Sideband, resp)
-	}
-	objs, err := readPack(pack, st, b)
+	objs, err := readPack(gitconn.Pack(resp, req.Capabilities), st, b)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

@@ -12,10 +12,11 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp/capability"
-	"github.com/go-git/go-git/v5/plumbing/protocol/packp/sideband"
 	"github.com/go-git/go-git/v5/plumbing/revlist"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	"github.com/go-git/go-git/v5/plumbing/transport/client"
+
+	"github.com/flotilla-gitops/flotilla/gitsource/internal/gitconn"
 )
 
 // The backend talks to the server through go-git's transport sessions, not its Remote:
@@ -117,14 +118,7 @@ func (b *Backend) fetchPack(ctx context.Context, up transport.UploadPackSession,
 		return err
 	}
 	defer resp.Close()
-	var pack io.Reader = resp
-	switch {
-	case req.Capabilities.Supports(capability.Sideband64k):
-		pack = sideband.NewDemuxer(sideband.Sideband64k, resp)
-	case req.Capabilities.Supports(capability.Sideband):
-		pack = sideband.NewDemuxer(sideband.Sideband, resp)
-	}
-	if err := packfile.UpdateObjectStorage(b.store, pack); err != nil {
+	if err := packfile.UpdateObjectStorage(b.store, gitconn.Pack(resp, req.Capabilities)); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-git/go-git/v5/plumbing/protocol/packp/capability"
+	"github.com/go-git/go-git/v5/plumbing/protocol/packp/sideband"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 )
 
@@ -87,4 +89,17 @@ func connect[S io.Closer](ctx context.Context, h *Hangs, open func() (S, error))
 		}()
 		return none, ctx.Err()
 	}
+}
+
+// Pack is the packfile in resp, an upload-pack answer to a request with caps: demuxed
+// from the progress and errors the server interleaves when the request asked for a
+// side band.
+func Pack(resp io.Reader, caps *capability.List) io.Reader {
+	switch {
+	case caps.Supports(capability.Sideband64k):
+		return sideband.NewDemuxer(sideband.Sideband64k, resp)
+	case caps.Supports(capability.Sideband):
+		return sideband.NewDemuxer(sideband.Sideband, resp)
+	}
+	return resp
 }
