@@ -2,6 +2,10 @@
 // Kueue and JobSet, and the versions this release of flotilla can install: those whose
 // charts are embedded in its build (package charts). The hub, built from the same
 // release, validates fleet.yaml against the same list without linking the charts.
+//
+// The hub says which images a worker's components run (Spec); the worker says which it
+// accepts (ImagePolicy, from the agent's Helm values), and a desired state outside that
+// installs nothing.
 package components
 
 import "slices"

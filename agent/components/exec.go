@@ -32,6 +32,9 @@ type Installer struct {
 	KubeConfig []byte
 	// Stderr receives the installer's log; nil discards it.
 	Stderr io.Writer
+	// Images is the worker's policy, handed to the installer with each request: it
+	// checks the images again where it writes them (see package installer).
+	Images ImagePolicy
 }
 
 // BesideExecutable is the installer next to the running executable, where the agent's
@@ -46,7 +49,7 @@ func BesideExecutable() (string, error) {
 
 // Apply installs or upgrades the components spec names, in order.
 func (i *Installer) Apply(ctx context.Context, spec Spec) (Report, error) {
-	return i.run(ctx, []string{"apply"}, Request{Spec: spec, KubeConfig: i.KubeConfig})
+	return i.run(ctx, []string{"apply"}, Request{Spec: spec, Images: i.Images, KubeConfig: i.KubeConfig})
 }
 
 // Uninstall removes the Helm releases flotilla installed; a dry run lists what it would

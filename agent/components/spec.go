@@ -19,7 +19,8 @@ type Spec struct {
 	// without flotilla (by hand, or by another Helm release), keeping its objects.
 	Adopt bool `json:"adopt,omitempty"`
 	// Registry replaces registry.k8s.io in the images' names: a mirror of the release
-	// images. The repository path and tag stay the release's.
+	// images. The repository path and tag stay the release's. The worker installs from it
+	// only when its ImagePolicy allows it.
 	Registry string `json:"registry,omitempty"`
 	// Kueue and JobSet are the releases the worker runs.
 	Kueue  Release `json:"kueue"`
@@ -50,12 +51,20 @@ func Repository(c Component, registry string) string {
 	if registry == "" {
 		registry = DefaultRegistry
 	}
-	registry = strings.TrimSuffix(registry, "/")
+	if path := RepositoryPath(c); path != "" {
+		return strings.TrimSuffix(registry, "/") + "/" + path
+	}
+	return ""
+}
+
+// RepositoryPath is the path of c's release images under any registry, the same on a
+// mirror as on registry.k8s.io.
+func RepositoryPath(c Component) string {
 	switch c {
 	case Kueue:
-		return registry + "/kueue/kueue"
+		return "kueue/kueue"
 	case JobSet:
-		return registry + "/jobset/jobset"
+		return "jobset/jobset"
 	}
 	return ""
 }
@@ -87,8 +96,10 @@ const (
 	ActionUnchanged Action = "unchanged"
 	// ActionAdopted: a component installed without flotilla was taken over (Spec.Adopt).
 	ActionAdopted Action = "adopted"
-	// ActionRefused: a component installed without flotilla is in the way, and the cluster
-	// did not opt in to adoption. Nothing was changed.
+	// ActionRefused: nothing was changed, for a reason the worker holds: a component
+	// installed without flotilla is in the way, and the cluster did not opt in to
+	// adoption; or the desired state names an image the worker's ImagePolicy does not
+	// allow (Status.Reason says which rule).
 	ActionRefused Action = "refused"
 	// ActionChecked: an unmanaged component's running version was read.
 	ActionChecked Action = "checked"
@@ -108,6 +119,10 @@ type Status struct {
 	Ready bool `json:"ready"`
 	// Message says what was found, what is awaited, or what failed.
 	Message string `json:"message,omitempty"`
+	// Reason, for a component refused by the worker's ImagePolicy, is the rule that
+	// refused it (ReasonRegistryNotAllowed, ReasonDigestNotAllowed), for the hub's
+	// conditions to tell it from a component in the way; empty otherwise.
+	Reason string `json:"reason,omitempty"`
 }
 
 func (s Status) String() string {
@@ -121,8 +136,11 @@ func (s Status) String() string {
 // worker's kubeconfig, when the agent has one, so that no credential is written to a file
 // or shows in a process listing; without one the installer runs in-cluster.
 type Request struct {
-	Spec       Spec   `json:"spec"`
-	KubeConfig []byte `json:"kubeconfig,omitempty"`
+	Spec Spec `json:"spec"`
+	// Images is the worker's policy, which the installer checks Spec against again
+	// before it writes an image into a chart's values (see package installer).
+	Images     ImagePolicy `json:"images,omitzero"`
+	KubeConfig []byte      `json:"kubeconfig,omitempty"`
 	// DryRun (uninstall only) lists what would be removed and removes nothing.
 	DryRun bool `json:"dryRun,omitempty"`
 }

@@ -47,6 +47,9 @@ type Options struct {
 	// failed, with WithoutInstaller as the reason.
 	Installer        Installer
 	WithoutInstaller string
+	// Images is the worker's policy on the images the installer may run; the zero value
+	// allows registry.k8s.io alone.
+	Images components.ImagePolicy
 	// ReadyTimeout bounds the wait for components to answer within one apply; past it
 	// the report says what is awaited and the agent tries again later. Default 2 minutes.
 	ReadyTimeout time.Duration
@@ -101,6 +104,14 @@ func (c *Converger) Apply(ctx context.Context, state protocol.DesiredState) prot
 		res := c.opts.Applier.Apply(ctx, state)
 		res.Components = c.checkVersions(ctx, spec)
 		return res
+	}
+	// Without an installer nothing is installed anyway, and that is what to fix first.
+	if refused := c.opts.Images.Refused(spec); refused != nil && c.opts.Installer != nil {
+		// Before the hold: a state the worker refuses changes nothing on it, not even its
+		// ClusterQueues for a moment, and its objects, which need the components, wait.
+		c.opts.Log.Warn("the desired state names images this worker does not allow; nothing is installed or applied",
+			"generation", state.Generation, "hash", state.Hash, "reason", refused[0].Reason, "message", refused[0].Message)
+		return protocol.Applied{Generation: state.Generation, Hash: state.Hash, Results: []protocol.ObjectResult{}, Components: refused}
 	}
 	key := specKey(spec)
 	statuses := make([]components.Status, 0, 2)

@@ -1,6 +1,7 @@
 package converge_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -209,6 +211,80 @@ func TestHoldStopsOnlyClusterQueuesThatAreNotDrainingAlready(t *testing.T) {
 			}
 			if got.Spec.StopPolicy == nil || string(*got.Spec.StopPolicy) != tt.want {
 				t.Errorf("stopPolicy %v, want %s", got.Spec.StopPolicy, tt.want)
+			}
+		})
+	}
+}
+
+// counting is an installer that counts its runs before handing them to the real one.
+type counting struct {
+	converge.Installer
+	runs int
+}
+
+func (c *counting) Apply(ctx context.Context, spec components.Spec) (components.Report, error) {
+	c.runs++
+	return c.Installer.Apply(ctx, spec)
+}
+
+// A state whose images the worker does not allow changes nothing on it: the installer
+// does not run, the ClusterQueues are neither held nor applied, and every component is
+// refused with the policy's reason and what to change.
+func TestAStateOutsideTheWorkersImagePolicyChangesNothing(t *testing.T) {
+	ctx := t.Context()
+	queue := func() string {
+		cq := &kueue.ClusterQueue{}
+		switch err := planes[0].Client.Get(ctx, client.ObjectKey{Name: "cluster-queue"}, cq); {
+		case apierrors.IsNotFound(err):
+			return "none"
+		case err != nil:
+			t.Fatal(err)
+		}
+		return cq.ResourceVersion
+	}
+	mirrored := spec(true)
+	mirrored.Registry = "mirror.example"
+	digested := spec(true)
+	tests := []struct {
+		name   string
+		policy components.ImagePolicy
+		spec   *components.Spec
+		reason string
+		says   string
+	}{
+		{"a registry not allowed", components.ImagePolicy{}, mirrored, components.ReasonRegistryNotAllowed,
+			`registry "mirror.example" is not among the registries this worker allows (components.allowedRegistries in the agent's Helm values: registry.k8s.io); its administrator adds it there`},
+		{"a digest required and missing", components.ImagePolicy{RequiredDigests: map[string]string{"kueue/kueue:v0.17.0": "sha256:" + strings.Repeat("a1", 32)}}, digested, components.ReasonDigestNotAllowed,
+			"kueue's image registry.k8s.io/kueue/kueue:v0.17.0 carries no digest"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := &counting{Installer: &installer.Installer{Config: planes[0].Config, Images: tt.policy}}
+			a, err := apply.New(apply.Options{Client: planes[0].Client, Identity: identity})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := converge.New(converge.Options{Client: planes[0].Client, Applier: a, Installer: in, Images: tt.policy,
+				ReadyTimeout: time.Second, PollInterval: 100 * time.Millisecond, ProbeNamespace: "default"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := queue()
+			res := c.Apply(ctx, state(t, int64(10+i), tt.spec))
+			for _, comp := range components.All() {
+				s := statusOf(t, res, comp)
+				if s.Action != components.ActionRefused || s.Reason != tt.reason || s.Ready || !strings.HasPrefix(s.Message, tt.says) {
+					t.Errorf("%s: %+v, want refused for %s saying %q", comp, s, tt.reason, tt.says)
+				}
+			}
+			if in.runs != 0 {
+				t.Errorf("the installer ran %d times", in.runs)
+			}
+			if res.Complete() || len(res.Results) != 0 {
+				t.Errorf("objects were applied: %+v", res.Results)
+			}
+			if after := queue(); after != before {
+				t.Errorf("the ClusterQueue was written: resourceVersion %s, was %s", after, before)
 			}
 		})
 	}

@@ -11,4 +11,10 @@
 // and the worker's ClusterQueues stay held. A worker whose team runs Kueue itself
 // (Spec.Managed false) is left as today, and the running versions are compared with the
 // fleet's.
+//
+// Before any of that, the images the state names are checked against the worker's
+// components.ImagePolicy (Options.Images, from the agent's Helm values). A state outside
+// it changes nothing: no hold, no installer, none of its objects applied; every component
+// is reported refused with the policy's reason and a message naming the registry or
+// digest and the value that allows it. The installer checks again (package installer).
 package converge

@@ -9,8 +9,9 @@
 // work it does a few times in a cluster's life. A process that exits gives it all back.
 //
 // The agent writes a components.Request as JSON on standard input: the components'
-// spec and, when the agent has one, the worker's kubeconfig, which thus never touches
-// a disk or a process listing. Without one the binary uses its pod's service account,
+// spec, the worker's image policy, which the binary checks the spec against again before
+// it installs anything, and, when the agent has one, the worker's kubeconfig, which thus
+// never touches a disk or a process listing. Without one the binary uses its pod's service account,
 // else $KUBECONFIG. It writes a components.Report as JSON on standard output, and logs as
 // JSON lines on standard error. It exits 0 whenever it wrote a report, also one of
 // refused or failed components; otherwise 1, with the reason logged.
@@ -110,7 +111,7 @@ func newRootCommand(stdin io.Reader, getenv func(string) string) *cobra.Command 
 		if err != nil {
 			return fail("finding the worker's API server", err)
 		}
-		rep, err := f(cmd.Context(), &installer.Installer{Config: cfg, Log: log}, req)
+		rep, err := f(cmd.Context(), &installer.Installer{Config: cfg, Log: log, Images: req.Images}, req)
 		if err != nil {
 			return fail(cmd.Name()+" made no report", err)
 		}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -35,15 +37,7 @@ func TestMain(m *testing.M) {
 func TestTheBinaryInstallsWhatTheRequestAsksAndReportsOnStdout(t *testing.T) {
 	plane := planes[0]
 	bin := buildBinary(t)
-	kubeconfig, err := kueuetest.TokenKubeConfig(t.Context(), plane, "components-installer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := clientcmd.Load(kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := kc.AuthInfos[kc.Contexts[kc.CurrentContext].AuthInfo].Token
+	kubeconfig, token := tokenKubeConfig(t)
 	spec := components.Spec{
 		Managed:    true,
 		Registry:   "mirror.example.com:5000/k8s",
@@ -51,7 +45,9 @@ func TestTheBinaryInstallsWhatTheRequestAsksAndReportsOnStdout(t *testing.T) {
 		JobSet:     components.Release{Version: "v0.11.1", Digest: "sha256:" + strings.Repeat("b2", 32)},
 		Frameworks: []string{"batch/job", "jobset.x-k8s.io/jobset"},
 	}
-	req := components.Request{Spec: spec, KubeConfig: kubeconfig}
+	// The worker's administrator allows the mirror, and requires Kueue's digest.
+	images := components.ImagePolicy{AllowedRegistries: []string{"mirror.example.com:5000/k8s"}, RequiredDigests: map[string]string{"kueue/kueue:v0.17.0": spec.Kueue.Digest}}
+	req := components.Request{Spec: spec, Images: images, KubeConfig: kubeconfig}
 
 	for _, tc := range []struct {
 		name string
@@ -90,6 +86,78 @@ func TestTheBinaryInstallsWhatTheRequestAsksAndReportsOnStdout(t *testing.T) {
 	if err := plane.Client.Get(t.Context(), client.ObjectKey{Namespace: "kueue-system", Name: "kueue-controller-manager"}, &dep); err != nil {
 		t.Errorf("after the dry run: %v", err)
 	}
+}
+
+// The binary checks the images of its request against the worker's policy in the same
+// request again, and installs nothing outside it: not a release, not a CRD, not a
+// namespace. It reports each component refused, which is a report, not a failure.
+func TestTheBinaryInstallsNothingItsRequestsPolicyRefuses(t *testing.T) {
+	plane := planes[0]
+	bin := buildBinary(t)
+	kubeconfig, token := tokenKubeConfig(t)
+	spec := components.Spec{
+		Managed:  true,
+		Registry: "mirror.example.com:5000/k8s",
+		Kueue:    components.Release{Version: "v0.17.0"},
+		JobSet:   components.Release{Version: "v0.11.1"},
+	}
+	for _, tc := range []struct {
+		name   string
+		images components.ImagePolicy
+		reason string
+	}{
+		{"no policy: registry.k8s.io alone", components.ImagePolicy{}, components.ReasonRegistryNotAllowed},
+		{"the host without the port", components.ImagePolicy{AllowedRegistries: []string{"mirror.example.com"}}, components.ReasonRegistryNotAllowed},
+		{"the mirror without the digest required", components.ImagePolicy{AllowedRegistries: []string{"mirror.example.com:5000"},
+			RequiredDigests: map[string]string{"jobset/jobset:v0.11.1": "sha256:" + strings.Repeat("b2", 32)}}, components.ReasonDigestNotAllowed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := installed(t, plane)
+			rep := runBinary(t, bin, tc.name, components.Request{Spec: spec, Images: tc.images, KubeConfig: kubeconfig}, token, "apply")
+			for _, c := range components.All() {
+				if st := statusOf(t, rep, c); st.Action != components.ActionRefused || st.Reason != tc.reason || st.Ready || !strings.Contains(st.Message, "agent's Helm values") {
+					t.Errorf("%s: %+v, want refused for %s, saying which value allows it", c, st, tc.reason)
+				}
+			}
+			if after := installed(t, plane); !slices.Equal(after, before) {
+				t.Errorf("the worker changed: %v, was %v", after, before)
+			}
+		})
+	}
+}
+
+// installed lists what an install writes on plane: Helm's release records, the
+// components' namespaces and their CRDs, each with its resourceVersion.
+func installed(t *testing.T, plane *controlplane.ControlPlane) []string {
+	t.Helper()
+	var out []string
+	var releases corev1.SecretList
+	if err := plane.Client.List(t.Context(), &releases, client.MatchingLabels{"owner": "helm"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range releases.Items {
+		out = append(out, "Secret "+r.Namespace+"/"+r.Name+"@"+r.ResourceVersion)
+	}
+	var namespaces corev1.NamespaceList
+	if err := plane.Client.List(t.Context(), &namespaces); err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range namespaces.Items {
+		if ns.Name == components.Namespace(components.Kueue) || ns.Name == components.Namespace(components.JobSet) {
+			out = append(out, "Namespace "+ns.Name+"@"+ns.ResourceVersion)
+		}
+	}
+	var crds apiextensionsv1.CustomResourceDefinitionList
+	if err := plane.Client.List(t.Context(), &crds); err != nil {
+		t.Fatal(err)
+	}
+	for _, crd := range crds.Items {
+		if g := crd.Spec.Group; g == "kueue.x-k8s.io" || g == "jobset.x-k8s.io" {
+			out = append(out, "CRD "+crd.Name+"@"+crd.ResourceVersion)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // A request the binary cannot act on is an exit status of 1, nothing on standard output,
@@ -212,4 +280,19 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return data
+}
+
+// tokenKubeConfig is a kubeconfig of the plane with an inline token, as the agent hands
+// the installer, and that token, which must never show in the installer's output.
+func tokenKubeConfig(t *testing.T) (kubeconfig []byte, token string) {
+	t.Helper()
+	kubeconfig, err := kueuetest.TokenKubeConfig(t.Context(), planes[0], "components-installer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientcmd.Load(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kubeconfig, kc.AuthInfos[kc.Contexts[kc.CurrentContext].AuthInfo].Token
 }

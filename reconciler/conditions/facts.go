@@ -298,7 +298,7 @@ func applied(desired string, a *protocol.Applied) (metav1.ConditionStatus, strin
 	for _, c := range a.Components {
 		switch {
 		case c.Action == components.ActionRefused:
-			return metav1.ConditionFalse, v1alpha1.ReasonComponentRefused, c.String()
+			return metav1.ConditionFalse, refusedReason(c), c.String()
 		case c.Action == components.ActionFailed:
 			return metav1.ConditionFalse, v1alpha1.ReasonComponentFailed, c.String()
 		}
@@ -335,6 +335,19 @@ func applied(desired string, a *protocol.Applied) (metav1.ConditionStatus, strin
 		}
 	}
 	return metav1.ConditionTrue, v1alpha1.ReasonApplied, msg
+}
+
+// refusedReason is the reason of a refused component: the worker's image policy's rule
+// when the agent names one, else a component in the way. Only reasons the hub knows are
+// taken from an agent: a condition's reason is the hub's vocabulary, not the worker's.
+func refusedReason(c components.Status) string {
+	switch c.Reason {
+	case components.ReasonRegistryNotAllowed:
+		return v1alpha1.ReasonRegistryNotAllowed
+	case components.ReasonDigestNotAllowed:
+		return v1alpha1.ReasonDigestNotAllowed
+	}
+	return v1alpha1.ReasonComponentRefused
 }
 
 func objectName(r protocol.ObjectResult) string {

@@ -54,6 +54,16 @@ func TestAppliedReports(t *testing.T) {
 			{Component: components.JobSet, Version: "v0.11.1", Action: components.ActionInstalled},
 			{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionRefused, Message: "Kueue was installed without Helm"}}},
 			metav1.ConditionFalse, v1alpha1.ReasonComponentRefused, ""},
+		{"a registry the worker does not allow says so", "sha256:a", protocol.Applied{Generation: 2, Hash: "sha256:a", Components: []components.Status{
+			{Component: components.JobSet, Version: "v0.11.1", Action: components.ActionRefused, Reason: components.ReasonRegistryNotAllowed, Message: `registry "mirror.example" is not among the registries this worker allows`},
+			{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionRefused, Reason: components.ReasonRegistryNotAllowed, Message: `registry "mirror.example" is not among the registries this worker allows`}}},
+			metav1.ConditionFalse, v1alpha1.ReasonRegistryNotAllowed, ""},
+		{"a digest the worker does not allow says so", "sha256:a", protocol.Applied{Generation: 2, Hash: "sha256:a", Components: []components.Status{
+			{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionRefused, Reason: components.ReasonDigestNotAllowed, Message: "kueue's image carries no digest"}}},
+			metav1.ConditionFalse, v1alpha1.ReasonDigestNotAllowed, ""},
+		{"a reason the hub does not know is a refusal", "sha256:a", protocol.Applied{Generation: 2, Hash: "sha256:a", Components: []components.Status{
+			{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionRefused, Reason: "Anything At All", Message: "refused"}}},
+			metav1.ConditionFalse, v1alpha1.ReasonComponentRefused, ""},
 		{"a failed install fails", "sha256:a", protocol.Applied{Generation: 2, Hash: "sha256:a", Components: []components.Status{
 			{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionFailed, Message: "the chart did not render"}}},
 			metav1.ConditionFalse, v1alpha1.ReasonComponentFailed, ""},
@@ -78,6 +88,8 @@ func TestAppliedReports(t *testing.T) {
 		})
 	}
 }
+
+const refusedRegistry = `registry "mirror.example" is not among the registries this worker allows (components.allowedRegistries in the agent's Helm values: registry.k8s.io); its administrator adds it there`
 
 // What a worker's components show: in the status, on WorkerConfigured, and on the
 // commit, where converging is pending and a refusal is a failure.
@@ -123,6 +135,19 @@ func TestComponentReports(t *testing.T) {
 			message:    "kueue v0.17.0: found Kueue installed without Helm; set spec.components.adopt: true",
 			state:      commitstatus.Failure,
 			components: []v1alpha1.ComponentStatus{{Name: "kueue", Version: "v0.17.0", Managed: true, Message: "found Kueue installed without Helm; set spec.components.adopt: true"}},
+		},
+		{
+			name: "a registry the worker does not allow fails the commit with who allows it",
+			statuses: []components.Status{
+				{Component: components.JobSet, Version: "v0.11.1", Action: components.ActionRefused, Reason: components.ReasonRegistryNotAllowed, Message: refusedRegistry},
+				{Component: components.Kueue, Version: "v0.17.0", Action: components.ActionRefused, Reason: components.ReasonRegistryNotAllowed, Message: refusedRegistry},
+			},
+			message: "jobset v0.11.1: " + refusedRegistry,
+			state:   commitstatus.Failure,
+			components: []v1alpha1.ComponentStatus{
+				{Name: "jobset", Version: "v0.11.1", Managed: true, Message: refusedRegistry},
+				{Name: "kueue", Version: "v0.17.0", Managed: true, Message: refusedRegistry},
+			},
 		},
 		{
 			name: "a version other than the fleet's on an unmanaged worker is reported, not failed",

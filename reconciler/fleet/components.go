@@ -1,26 +1,18 @@
 package fleet
 
 import (
-	"net"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/flotilla-gitops/flotilla/agent/components"
 	"github.com/flotilla-gitops/flotilla/agent/proxy"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
-var (
-	digestPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
-	// A path component of an image repository, as the distribution spec writes it.
-	repositoryComponent = regexp.MustCompile(`^[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*$`)
-)
-
-const maxRegistryLength = 200
+var digestPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
 func validateComponents(s *v1alpha1.FleetComponents, at func(path ...string) *yaml.Node, e errs) {
 	if s == nil {
@@ -42,33 +34,16 @@ func validateComponents(s *v1alpha1.FleetComponents, at func(path ...string) *ya
 
 // registryProblem says what is wrong with a registry mirror's name, or "": a host, an
 // optional port and an optional path, with neither a scheme nor a tag, since the
-// release's repository and tag are appended to it.
+// release's repository and tag are appended to it. The rule is the one the agents apply
+// to it and to their allowed registries (components.ParseRegistry); the hub adds that
+// the host is written in lower case, as the images' names will be.
 func registryProblem(r string) string {
-	if len(r) > maxRegistryLength {
-		return "is longer than " + strconv.Itoa(maxRegistryLength) + " characters"
+	n, err := components.ParseRegistry(r)
+	if err != nil {
+		return err.Error()
 	}
-	if strings.Contains(r, "://") {
-		return "must be a registry host and optional path, without a scheme (e.g. mirror.example.com/k8s)"
-	}
-	hostPort, repoPath, _ := strings.Cut(strings.TrimSuffix(r, "/"), "/")
-	host, port := hostPort, ""
-	if h, p, err := net.SplitHostPort(hostPort); err == nil {
-		host, port = h, p
-	}
-	if port != "" {
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return "has an invalid port " + strconv.Quote(port)
-		}
-	}
-	if net.ParseIP(host) == nil && len(validation.IsDNS1123Subdomain(host)) > 0 {
-		return "must start with a registry host such as mirror.example.com"
-	}
-	if repoPath != "" {
-		for _, c := range strings.Split(repoPath, "/") {
-			if !repositoryComponent.MatchString(c) {
-				return "has an invalid path component " + strconv.Quote(c) + ": lowercase letters, digits and separators only"
-			}
-		}
+	if n != strings.TrimSuffix(r, "/") {
+		return "must be written in lower case (" + strconv.Quote(n) + ")"
 	}
 	return ""
 }

@@ -96,7 +96,7 @@ func TestAFreshWorkerGetsKueueAndJobSetAndKeepsItsWorkThroughAnUpgrade(t *testin
 
 		// The next chart version, as a new release of the component brings it, and a
 		// registry mirror: Helm upgrades the release, and Kueue's pod template changes.
-		w.installer.use(&installer.Installer{Config: worker.Config, Log: w.log.Logger().With("side", "installer"),
+		w.installer.use(&installer.Installer{Config: worker.Config, Log: w.log.Logger().With("side", "installer"), Images: allowed,
 			Chart: func(c components.Component, version string) ([]byte, error) {
 				if c == components.Kueue {
 					return componenttest.BumpedChart(t, c, version, "0.17.1-flotilla.1"), nil

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -36,6 +34,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/test/gobuild"
 	"github.com/flotilla-gitops/flotilla/test/logtest"
 	"github.com/flotilla-gitops/flotilla/test/poll"
+	"github.com/flotilla-gitops/flotilla/test/tunneltest"
 )
 
 // planes[0] is the hub; planes[1] and planes[2] are workers with neither Kueue nor JobSet,
@@ -71,6 +70,10 @@ const (
 	kueueGroup  = "kueue.x-k8s.io"
 	longTimeout = 4 * time.Minute
 )
+
+// allowed is what the workers' administrators allow the components' images: the release
+// registry, and the mirror an upgrade moves to.
+var allowed = components.ImagePolicy{AllowedRegistries: []string{components.DefaultRegistry, "mirror.example.test"}}
 
 // fast liveness, so that a dead tunnel is noticed within a test's patience.
 var fast = protocol.Liveness{Interval: 200 * time.Millisecond, Timeout: time.Second}
@@ -156,16 +159,7 @@ func newWorld(t *testing.T, name string, worker *controlplane.ControlPlane, held
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle(protocol.Path, srv)
-	hs := &http.Server{Handler: mux}
-	served := make(chan struct{})
-	go func() { _ = hs.Serve(l); close(served) }()
-	t.Cleanup(func() { _ = hs.Close(); <-served; srv.Close() })
+	hubURL := tunneltest.Serve(t, srv)
 	w.srv = srv
 	w.push()
 
@@ -177,8 +171,8 @@ func newWorld(t *testing.T, name string, worker *controlplane.ControlPlane, held
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.installer = &switchable{current: &components.Installer{Binary: binary(t, components.BinaryName), KubeConfig: kc, Stderr: w.log}}
-	w.startAgent(t, "ws://"+l.Addr().String(), tok)
+	w.installer = &switchable{current: &components.Installer{Binary: binary(t, components.BinaryName), KubeConfig: kc, Stderr: w.log, Images: allowed}}
+	w.startAgent(t, hubURL, tok)
 	return w
 }
 
@@ -238,7 +232,7 @@ func (w *world) startAgent(t *testing.T, hubURL string, tok secrets.Token) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conv, err := converge.New(converge.Options{Client: w.worker.Client, Applier: applier, Installer: w.installer,
+	conv, err := converge.New(converge.Options{Client: w.worker.Client, Applier: applier, Installer: w.installer, Images: allowed,
 		ReadyTimeout: 5 * time.Second, PollInterval: 200 * time.Millisecond, ProbeNamespace: agentNamespace, Log: log})
 	if err != nil {
 		t.Fatal(err)

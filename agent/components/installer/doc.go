@@ -17,6 +17,20 @@
 // judges it by the components' own answers. Objects are server-side applied, forcing
 // conflicts on the fields the chart sets; Helm keeps five revisions.
 //
+// # Images the worker allows
+//
+// Before it reads or writes anything, Apply checks the images spec names against
+// Installer.Images, the worker's components.ImagePolicy, which the agent hands over in
+// its request: a spec outside it installs nothing, and every component is reported
+// refused with the policy's reason. The agent checked the same policy with the same
+// function before it ran the installer; the check is made again here because this is
+// where the image references are written into the charts' values and the rights to run
+// them are used, so that the rule holds for every way of running an install (a path of
+// the agent's that skipped its check, the binary run by hand) and not only for the one
+// the agent's converger takes. It does not defend against a compromised agent, which
+// writes the request: that is the admission policy's job, which the agent's chart
+// renders from the same values.
+//
 // A deployed release of flotilla's at the same chart version with the same values is
 // left alone (unchanged): no new revision. Anything else is an upgrade; a failed release
 // is upgraded too.

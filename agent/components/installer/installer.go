@@ -24,6 +24,9 @@ type Installer struct {
 	// Chart returns the packaged chart of a component at a version; nil is
 	// charts.Archive, the charts embedded in this build.
 	Chart func(c components.Component, version string) ([]byte, error)
+	// Images is the worker's policy: a spec naming an image outside it installs nothing.
+	// The zero value allows registry.k8s.io alone.
+	Images components.ImagePolicy
 }
 
 func (in *Installer) logger() *slog.Logger {
@@ -38,6 +41,15 @@ func (in *Installer) logger() *slog.Logger {
 // is for a run that could not be made at all, such as an API server that does not
 // answer, or a context that ended.
 func (in *Installer) Apply(ctx context.Context, spec components.Spec) (components.Report, error) {
+	if spec.Managed {
+		// Before anything is read or written: the images are what the charts' controllers
+		// run with the rights this installer grants them.
+		if refused := in.Images.Refused(spec); refused != nil {
+			in.logger().WarnContext(ctx, "the worker's image policy refuses the desired components; nothing is installed",
+				"reason", refused[0].Reason, "message", refused[0].Message)
+			return components.Report{Components: refused}, nil
+		}
+	}
 	s, err := in.connect(ctx)
 	if err != nil {
 		return components.Report{}, err

@@ -57,6 +57,14 @@ const (
 	// ReasonComponentRefused (WorkerConfigured False): a Kueue or JobSet the agent did not
 	// install is in the way, and the cluster has not opted in to handing it over.
 	ReasonComponentRefused = "ComponentRefused"
+	// ReasonRegistryNotAllowed (WorkerConfigured False): the desired state names a
+	// registry the worker's administrator does not allow the components' images to come
+	// from (the agent chart's components.allowedRegistries); nothing was installed.
+	ReasonRegistryNotAllowed = "RegistryNotAllowed"
+	// ReasonDigestNotAllowed (WorkerConfigured False): a component's image lacks the
+	// digest the worker's administrator requires (the agent chart's
+	// components.requiredDigests), or names another; nothing was installed.
+	ReasonDigestNotAllowed = "DigestNotAllowed"
 	// ReasonComponentFailed (WorkerConfigured False): installing or upgrading a component
 	// failed.
 	ReasonComponentFailed = "ComponentFailed"
