@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -34,6 +36,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/components/installer"
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
 	"github.com/flotilla-gitops/flotilla/test/helmtest"
+	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
 // componentsUser is the identity the chart creates for the agent's installer.
@@ -96,67 +99,70 @@ func TestChartComponentsRolesAreExactlyTheInstallersDocument(t *testing.T) {
 		t.Errorf("the installer's ServiceAccount is %s/%s, automount %v; want %s/flotilla-components, never mounted", sa.Namespace, sa.Name, sa.AutomountServiceAccountToken, agentNamespace)
 	}
 
-	clusterRoles := ofKind(objs, "ClusterRole")
-	if len(clusterRoles) != 1 {
-		t.Fatalf("components.yaml has %d ClusterRoles, want 1", len(clusterRoles))
+	// The installer's roles, each bound to it alone: those that name what it writes, and
+	// those that hold what the charts' roles grant. Keyed by kind, namespace and name.
+	documented := map[string][]rbacv1.PolicyRule{
+		"ClusterRole//flotilla-agent-components":             doc.ClusterRole.Rules,
+		"ClusterRole//flotilla-agent-components-controllers": doc.Controllers.Rules,
 	}
-	clusterRole := helmtest.Typed[rbacv1.ClusterRole](t, clusterRoles[0])
-	if got, want := grants(clusterRole.Rules), grants(doc.ClusterRole.Rules); !slices.Equal(got, want) {
-		t.Errorf("the chart's ClusterRole %s grants\n%v\nRBAC.md documents\n%v", clusterRole.Name, got, want)
+	for _, r := range doc.Roles {
+		documented["Role/"+r.Namespace+"/flotilla-agent-components"] = r.Rules
 	}
-	bindings := ofKind(objs, "ClusterRoleBinding")
-	if len(bindings) != 1 {
-		t.Fatalf("components.yaml has %d ClusterRoleBindings, want 1", len(bindings))
+	for _, r := range doc.ControllersRoles {
+		documented["Role/"+r.Namespace+"/flotilla-agent-components-controllers"] = r.Rules
 	}
-	if b := helmtest.Typed[rbacv1.ClusterRoleBinding](t, bindings[0]); b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != clusterRole.Name || !slices.Equal(b.Subjects, subject) {
-		t.Errorf("the ClusterRoleBinding binds %+v to %+v", b.RoleRef, b.Subjects)
+	rendered := map[string][]rbacv1.PolicyRule{}
+	for _, u := range ofKind(objs, "ClusterRole") {
+		rendered["ClusterRole//"+u.GetName()] = helmtest.Typed[rbacv1.ClusterRole](t, u).Rules
 	}
-
-	// One Role in each namespace RBAC.md names, bound to the installer, and the agent's
-	// impersonation Role in the release's namespace.
-	roles := map[string]*rbacv1.Role{}
 	for _, u := range ofKind(objs, "Role") {
-		r := helmtest.Typed[rbacv1.Role](t, u)
-		if _, dup := roles[r.Namespace]; dup {
-			t.Errorf("two Roles in namespace %s", r.Namespace)
-		}
-		roles[r.Namespace] = r
+		rendered["Role/"+u.GetNamespace()+"/"+u.GetName()] = helmtest.Typed[rbacv1.Role](t, u).Rules
 	}
-	roleBindings := map[string]*rbacv1.RoleBinding{}
+	bound := map[string][]rbacv1.Subject{}
+	for _, u := range ofKind(objs, "ClusterRoleBinding") {
+		b := helmtest.Typed[rbacv1.ClusterRoleBinding](t, u)
+		if b.Name != b.RoleRef.Name {
+			t.Errorf("ClusterRoleBinding %s binds %s %s", b.Name, b.RoleRef.Kind, b.RoleRef.Name)
+		}
+		bound[b.RoleRef.Kind+"//"+b.RoleRef.Name] = b.Subjects
+	}
 	for _, u := range ofKind(objs, "RoleBinding") {
 		b := helmtest.Typed[rbacv1.RoleBinding](t, u)
-		roleBindings[b.Namespace] = b
+		if b.Name != b.RoleRef.Name {
+			t.Errorf("RoleBinding %s/%s binds %s %s", b.Namespace, b.Name, b.RoleRef.Kind, b.RoleRef.Name)
+		}
+		bound[b.RoleRef.Kind+"/"+b.Namespace+"/"+b.RoleRef.Name] = b.Subjects
 	}
-	for _, want := range doc.Roles {
-		got, ok := roles[want.Namespace]
+	for key, want := range documented {
+		got, ok := rendered[key]
 		if !ok {
-			t.Errorf("the chart has no Role in %s; RBAC.md documents one", want.Namespace)
+			t.Errorf("the chart has no %s; RBAC.md documents it", key)
 			continue
 		}
-		if g, w := grants(got.Rules), grants(want.Rules); !slices.Equal(g, w) {
-			t.Errorf("the chart's Role in %s grants\n%v\nRBAC.md documents\n%v", want.Namespace, g, w)
+		if g, w := grants(got), grants(want); !slices.Equal(g, w) {
+			t.Errorf("the chart's %s grants\n%v\nRBAC.md documents\n%v", key, g, w)
 		}
-		if b := roleBindings[want.Namespace]; b == nil || b.RoleRef.Kind != "Role" || b.RoleRef.Name != got.Name || !slices.Equal(b.Subjects, subject) {
-			t.Errorf("the Role in %s is not bound to the installer alone: %+v", want.Namespace, b)
+		if !slices.Equal(bound[key], subject) {
+			t.Errorf("the chart's %s is bound to %+v, not to the installer alone", key, bound[key])
 		}
-		delete(roles, want.Namespace)
-		delete(roleBindings, want.Namespace)
+		delete(rendered, key)
+		delete(bound, key)
 	}
-	impersonate, binding := roles[agentNamespace], roleBindings[agentNamespace]
-	delete(roles, agentNamespace)
-	delete(roleBindings, agentNamespace)
-	if len(roles) > 0 || len(roleBindings) > 0 {
-		t.Errorf("the chart has Roles or RoleBindings RBAC.md does not document: %v %v", roles, roleBindings)
+	impersonateKey := "Role/" + agentNamespace + "/flotilla-agent-impersonate-components"
+	impersonate, binding := rendered[impersonateKey], bound[impersonateKey]
+	delete(rendered, impersonateKey)
+	delete(bound, impersonateKey)
+	if len(rendered) > 0 || len(bound) > 0 {
+		t.Errorf("the chart has roles or bindings RBAC.md does not document: %v %v", slices.Sorted(maps.Keys(rendered)), slices.Sorted(maps.Keys(bound)))
 	}
 	if impersonate == nil || binding == nil {
 		t.Fatalf("no impersonation Role and binding in %s", agentNamespace)
 	}
-	if got, want := grants(impersonate.Rules), []grant{{Group: "", Resource: "serviceaccounts", Verb: "impersonate", Name: "flotilla-components"}}; !slices.Equal(got, want) {
+	if got, want := grants(impersonate), []grant{{Group: "", Resource: "serviceaccounts", Verb: "impersonate", Name: "flotilla-components"}}; !slices.Equal(got, want) {
 		t.Errorf("the impersonation Role grants %v, want %v", got, want)
 	}
-	if binding.RoleRef.Name != impersonate.Name || binding.RoleRef.Kind != "Role" ||
-		!slices.Equal(binding.Subjects, []rbacv1.Subject{{Kind: "ServiceAccount", Name: "flotilla-agent", Namespace: agentNamespace}}) {
-		t.Errorf("the impersonation RoleBinding binds %+v to %+v", binding.RoleRef, binding.Subjects)
+	if !slices.Equal(binding, []rbacv1.Subject{{Kind: "ServiceAccount", Name: "flotilla-agent", Namespace: agentNamespace}}) {
+		t.Errorf("the impersonation RoleBinding binds it to %+v", binding)
 	}
 
 	// The release namespaces, when nothing else made them, and kept when the agent goes.
@@ -183,7 +189,7 @@ func TestChartComponentsInstallDecidesTheInstallersIdentity(t *testing.T) {
 		wantAccount string
 		wantObjects int
 	}{
-		{name: "by default the agent installs them as flotilla-components", wantInstall: true, wantAccount: "flotilla-components", wantObjects: 13},
+		{name: "by default the agent installs them as flotilla-components", wantInstall: true, wantAccount: "flotilla-components", wantObjects: 21},
 		{name: "components.install false grants nothing to install them", set: map[string]any{"components": map[string]any{"install": false}}},
 	}
 	for _, tt := range tests {
@@ -449,7 +455,7 @@ func installerAsTheAgentMakesIt(t *testing.T, plane *controlplane.ControlPlane, 
 		t.Fatalf("the agent's installer acts as %q, want %q", icfg.Impersonate.UserName, componentsUser)
 	}
 	icfg.Wrap(rec.wrap)
-	return &installer.Installer{Config: icfg, Log: log}
+	return &installer.Installer{Config: icfg, Log: log, Images: run.Images}
 }
 
 func componentsSpec() components.Spec {
@@ -483,8 +489,9 @@ func wantComponentActions(t *testing.T, rep components.Report, want components.A
 // The agent's installer, given exactly the chart's RBAC and the identity the agent gives
 // it, installs Kueue and JobSet on a fresh worker, finds them unchanged, upgrades them
 // to a registry mirror, uninstalls them and adopts CRDs left by hand, using every rule it
-// was granted; without any one of the rules that look most like excess (escalate, bind,
-// Helm's records) it is refused, and says so.
+// was granted, and writing the charts' roles and bindings with escalate on the two
+// aggregated roles only; without escalate there, bind on Kubernetes' own Role, the
+// controllers' permissions it holds, or Helm's records, it is refused, and says so.
 func TestTheInstallerRunsUnderExactlyTheChartsRBAC(t *testing.T) {
 	plane := startWorkerWithoutComponents(t)
 	ctx := t.Context()
@@ -504,9 +511,15 @@ func TestTheInstallerRunsUnderExactlyTheChartsRBAC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The worker's administrator allows the mirror the upgrade below pulls from, and pins
+	// a JobSet release the fleet does not run.
+	withMirror := map[string]any{"components": map[string]any{
+		"allowedRegistries": []any{"registry.k8s.io", "mirror.example.com"},
+		"requiredDigests":   map[string]any{pinnedJobSet: pinnedDigest},
+	}}
 	var rendered chartObjects
 	step("the chart makes the release namespaces that do not exist, and keeps making its own", func(t *testing.T) {
-		rendered = renderChartWithHelm(t, plane.Config, nil)
+		rendered = renderChartWithHelm(t, plane.Config, withMirror)
 		namespaces := func(objs chartObjects) []string {
 			var out []string
 			for _, u := range ofKind(objs["components.yaml"], "Namespace") {
@@ -522,7 +535,7 @@ func TestTheInstallerRunsUnderExactlyTheChartsRBAC(t *testing.T) {
 		objs = append(objs, rendered["components.yaml"]...)
 		createAsHelm(t, plane, objs)
 		// An upgrade of the agent's release still renders the namespace it made.
-		if got := namespaces(renderChartWithHelm(t, plane.Config, nil)); !slices.Equal(got, []string{kueueNS}) {
+		if got := namespaces(renderChartWithHelm(t, plane.Config, withMirror)); !slices.Equal(got, []string{kueueNS}) {
 			t.Errorf("after the install, the chart makes namespaces %v, want %s, its own, alone", got, kueueNS)
 		}
 	})
@@ -535,9 +548,19 @@ func TestTheInstallerRunsUnderExactlyTheChartsRBAC(t *testing.T) {
 		{componentsUser, authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "list", Namespace: kueueNS}},
 		{componentsUser, authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "list", Namespace: jobsetNS}},
 		{componentsUser, authorizationv1.ResourceAttributes{Group: rbacv1.GroupName, Resource: "rolebindings", Verb: "create", Namespace: "kube-system", Name: "kueue-visibility-server-auth-reader"}},
+		{componentsUser, authorizationv1.ResourceAttributes{Resource: "pods", Verb: "delete", Namespace: "default"}},
+		{componentsUser, authorizationv1.ResourceAttributes{Group: "coordination.k8s.io", Resource: "leases", Verb: "create", Namespace: jobsetNS}},
 	} {
 		waitAuthorized(t, plane, g.user, g.attrs, true)
 	}
+	// The admission policy is compiled in the background: a request outside it, which
+	// RBAC allows (JobSet's controller may create Services anywhere), is refused once it
+	// applies.
+	asInstaller := installerClient(t, plane)
+	poll.Until(t, "the installer's admission policy applies", func() (bool, string) {
+		err := asInstaller.Create(ctx, outsideService(), client.DryRunAll)
+		return isRefusedByPolicy(err), fmt.Sprint(err)
+	})
 
 	rec := &recorder{calls: map[call]bool{}}
 	inst := installerAsTheAgentMakesIt(t, plane, helmtest.Typed[corev1.ConfigMap](t, rendered["configmap.yaml"][0]).Data["values.yaml"], rec)
@@ -560,6 +583,8 @@ func TestTheInstallerRunsUnderExactlyTheChartsRBAC(t *testing.T) {
 		wantComponentActions(t, rep, components.ActionUnchanged)
 	})
 	step("a registry mirror upgrades both in place", func(t *testing.T) {
+		// As the worker's administrator allows it (components.allowedRegistries).
+		inst.Images.AllowedRegistries = append(inst.Images.Registries(), "mirror.example.com")
 		spec.Registry = "mirror.example.com"
 		rep, err := inst.Apply(ctx, spec)
 		if err != nil {
@@ -598,51 +623,85 @@ func TestTheInstallerRunsUnderExactlyTheChartsRBAC(t *testing.T) {
 		}
 	})
 
-	// Each case takes one rule away from the live roles, runs a fresh install, and puts
-	// the rule back. JobSet goes first, and fails; Kueue is not attempted. (An upgrade
-	// that leaves a role as it is would not show escalate or bind missing: the API
-	// server checks them only when a role or binding is created or changes.)
-	clusterRoleName := helmtest.Typed[rbacv1.ClusterRole](t, ofKind(rendered["components.yaml"], "ClusterRole")[0]).Name
+	// Each case takes rules away from one of the live roles, runs a fresh install, and
+	// puts them back. JobSet goes first; when it fails, Kueue is not attempted. (An
+	// upgrade that leaves a role as it is would not show escalate, bind or a held rule
+	// missing: the API server checks them only when a role or binding is created or
+	// changes.)
+	// The chart names the installer's roles after its release.
+	const clusterRoleName, controllersName = "flotilla-agent-components", "flotilla-agent-components-controllers"
 	cases := []struct {
 		name string
-		// namespace is where the Role holding the rule is; "" for the ClusterRole.
-		namespace string
-		without   func(rules []rbacv1.PolicyRule) []rbacv1.PolicyRule
-		// lost is what the installer may no longer do once the rule is gone.
+		// role is the installer's role that loses the rules: namespace ("" for a
+		// ClusterRole) and name.
+		namespace, role string
+		without         func(rules []rbacv1.PolicyRule) []rbacv1.PolicyRule
+		// lost is what the installer may no longer do once the rules are gone.
 		lost authorizationv1.ResourceAttributes
-		// want are substrings of JobSet's failure.
-		want []string
+		// fails is the component that fails; want are substrings of its failure.
+		fails components.Component
+		want  []string
 	}{
 		{
-			name:    "without escalate the charts' ClusterRoles cannot be written",
+			name:    "without escalate Kueue's aggregated ClusterRoles cannot be written",
+			role:    clusterRoleName,
 			without: withoutVerb("clusterroles", "escalate"),
-			lost:    authorizationv1.ResourceAttributes{Group: rbacv1.GroupName, Resource: "clusterroles", Verb: "escalate", Name: "jobset-controller"},
-			want:    []string{`clusterroles.rbac.authorization.k8s.io "jobset-controller" is forbidden`, "attempting to grant RBAC permissions not currently held"},
+			lost:    authorizationv1.ResourceAttributes{Group: rbacv1.GroupName, Resource: "clusterroles", Verb: "escalate", Name: "kueue-batch-admin-role"},
+			fails:   components.Kueue,
+			want:    []string{`clusterroles.rbac.authorization.k8s.io "kueue-batch-`, "must have cluster-admin privileges to use the aggregationRule"},
 		},
 		{
-			name:    "without bind the charts' ClusterRoles cannot be bound",
-			without: withoutVerb("clusterroles", "bind"),
-			lost:    authorizationv1.ResourceAttributes{Group: rbacv1.GroupName, Resource: "clusterroles", Verb: "bind", Name: "jobset-controller"},
-			want:    []string{`clusterrolebindings.rbac.authorization.k8s.io "jobset-controller" is forbidden`, "attempting to grant RBAC permissions not currently held"},
+			name: "without holding what JobSet's ClusterRole grants it cannot be written",
+			role: controllersName,
+			without: func(rules []rbacv1.PolicyRule) []rbacv1.PolicyRule {
+				return slices.DeleteFunc(rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "pods") })
+			},
+			lost:  authorizationv1.ResourceAttributes{Resource: "pods", Verb: "delete", Namespace: "default"},
+			fails: components.JobSet,
+			want:  []string{`clusterroles.rbac.authorization.k8s.io "jobset-controller" is forbidden`, "attempting to grant RBAC permissions not currently held"},
 		},
 		{
-			name:      "without Helm's records nothing is touched",
+			name:      "without holding in its namespace what JobSet's Role grants it cannot be written",
 			namespace: jobsetNS,
+			role:      controllersName,
+			without: func(rules []rbacv1.PolicyRule) []rbacv1.PolicyRule {
+				return slices.DeleteFunc(rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "leases") })
+			},
+			lost:  authorizationv1.ResourceAttributes{Group: "coordination.k8s.io", Resource: "leases", Verb: "create", Namespace: jobsetNS},
+			fails: components.JobSet,
+			want:  []string{`roles.rbac.authorization.k8s.io "jobset-controller" is forbidden`, "attempting to grant RBAC permissions not currently held"},
+		},
+		{
+			name:      "without bind Kubernetes' authentication reader cannot be bound",
+			namespace: "kube-system",
+			role:      clusterRoleName,
+			without:   withoutVerb("roles", "bind"),
+			lost:      authorizationv1.ResourceAttributes{Group: rbacv1.GroupName, Resource: "roles", Verb: "bind", Namespace: "kube-system", Name: "extension-apiserver-authentication-reader"},
+			fails:     components.Kueue,
+			want:      []string{`rolebindings.rbac.authorization.k8s.io "kueue-visibility-server-auth-reader" is forbidden`, "attempting to grant RBAC permissions not currently held"},
+		},
+		{
+			name:      "without Helm's records no release is made",
+			namespace: jobsetNS,
+			role:      clusterRoleName,
 			without: func(rules []rbacv1.PolicyRule) []rbacv1.PolicyRule {
 				return slices.DeleteFunc(rules, func(r rbacv1.PolicyRule) bool {
 					return slices.Contains(r.Resources, "secrets") && len(r.ResourceNames) == 0
 				})
 			},
-			lost: authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "list", Namespace: jobsetNS},
-			want: []string{`secrets is forbidden`, `cannot list resource "secrets"`, `in the namespace "jobset-system"`},
+			// The Role that holds the controller's rules still lets it read Secrets
+			// there, not create them.
+			lost:  authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "create", Namespace: jobsetNS},
+			fails: components.JobSet,
+			want:  []string{`secrets is forbidden`, `cannot create resource "secrets"`, `in the namespace "jobset-system"`},
 		},
 	}
 	for _, tc := range cases {
 		step(tc.name, func(t *testing.T) {
 			var role client.Object = &rbacv1.ClusterRole{}
-			key := client.ObjectKey{Name: clusterRoleName}
+			key := client.ObjectKey{Name: tc.role}
 			if tc.namespace != "" {
-				role, key = &rbacv1.Role{}, client.ObjectKey{Namespace: tc.namespace, Name: clusterRoleName}
+				role, key = &rbacv1.Role{}, client.ObjectKey{Namespace: tc.namespace, Name: tc.role}
 			}
 			rules := func() *[]rbacv1.PolicyRule {
 				if r, ok := role.(*rbacv1.Role); ok {
@@ -682,17 +741,26 @@ func TestTheInstallerRunsUnderExactlyTheChartsRBAC(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			js := rep.Components[0]
-			if js.Component != components.JobSet || js.Action != components.ActionFailed {
-				t.Fatalf("JobSet: %+v, want it failed", js)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(js.Message, w) {
-					t.Errorf("JobSet's failure does not say %q: %s", w, js.Message)
+			for _, st := range rep.Components {
+				switch {
+				case st.Component == tc.fails:
+					if st.Action != components.ActionFailed {
+						t.Fatalf("%s: %+v, want it failed", st.Component, st)
+					}
+					for _, w := range tc.want {
+						if !strings.Contains(st.Message, w) {
+							t.Errorf("%s's failure does not say %q: %s", st.Component, w, st.Message)
+						}
+					}
+				case tc.fails == components.JobSet:
+					if st.Action != components.ActionFailed || !strings.Contains(st.Message, "not attempted") {
+						t.Errorf("%s: %+v, want it not attempted", st.Component, st)
+					}
+				default:
+					if st.Action != components.ActionInstalled {
+						t.Errorf("%s: %+v, want it installed", st.Component, st)
+					}
 				}
-			}
-			if kueue := rep.Components[1]; kueue.Action != components.ActionFailed || !strings.Contains(kueue.Message, "not attempted") {
-				t.Errorf("Kueue: %+v, want it not attempted", kueue)
 			}
 		})
 	}
@@ -744,6 +812,17 @@ func TestTheInstallerRunsUnderExactlyTheChartsRBAC(t *testing.T) {
 		}
 	})
 
+	// With both components installed, the installer's identity itself asks for what the
+	// charts do not render, each a request its RBAC allows: the API server refuses each.
+	for _, tc := range outsideTheCharts() {
+		step("the API server refuses the installer "+tc.name, func(t *testing.T) {
+			err := tc.send(ctx, asInstaller)
+			if !isRefusedByPolicy(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("the request was answered %v; want it refused by the policy, saying %q", err, tc.want)
+			}
+		})
+	}
+
 	step("every rule the chart grants was used, and nothing was refused", func(t *testing.T) {
 		if len(rec.forbidden) > 0 {
 			t.Errorf("requests refused: %v", rec.forbidden)
@@ -773,5 +852,115 @@ func withoutVerb(resource, verb string) func([]rbacv1.PolicyRule) []rbacv1.Polic
 			out = append(out, r)
 		}
 		return out
+	}
+}
+
+// installerClient acts on plane as the installer's identity, impersonated by the
+// administrator: what RBAC and the admission policy let flotilla-components do.
+func installerClient(t *testing.T, plane *controlplane.ControlPlane) client.Client {
+	t.Helper()
+	cfg := rest.CopyConfig(plane.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: componentsUser}
+	c, err := client.New(cfg, client.Options{Scheme: plane.Client.Scheme(), Mapper: plane.Client.RESTMapper()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// outsideService is a Service the installer's held permissions let it create, and the
+// charts never render. (Not a Job: once Kueue is installed, its webhook, which no server
+// answers here, would see a Job first.)
+func outsideService() *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "outside-the-charts"},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}},
+	}
+}
+
+// isRefusedByPolicy says whether err is the chart's admission policy refusing a request.
+func isRefusedByPolicy(err error) bool {
+	return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy 'flotilla-agent-components'")
+}
+
+// pinnedJobSet is an image, without its registry, for which the test's worker requires
+// pinnedDigest (components.requiredDigests), and which the fleet does not run.
+const (
+	pinnedJobSet = "jobset/jobset:v0.11.0"
+	pinnedDigest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+)
+
+// outsideRequest is a write the installer's RBAC allows and the charts never render, for
+// when both components are installed.
+type outsideRequest struct {
+	name string
+	obj  client.Object
+	// patch is a JSON patch of obj; none creates obj.
+	patch string
+	// want is what the admission policy's refusal says.
+	want string
+}
+
+// send makes the request through c.
+func (r outsideRequest) send(ctx context.Context, c client.Client) error {
+	if r.patch == "" {
+		return c.Create(ctx, r.obj)
+	}
+	return c.Patch(ctx, r.obj, client.RawPatch(types.JSONPatchType, []byte(r.patch)))
+}
+
+// outsideTheCharts are the writes the admission policy refuses the installer: each one
+// that RBAC alone would let it make towards cluster-admin, another's workloads or
+// another's images.
+func outsideTheCharts() []outsideRequest {
+	jobsetNS := components.Namespace(components.JobSet)
+	return []outsideRequest{
+		{
+			name:  "a binding of the charts' name to another subject",
+			obj:   &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "kueue-manager-rolebinding"}},
+			patch: `[{"op":"add","path":"/subjects/-","value":{"kind":"ServiceAccount","name":"flotilla-components","namespace":"` + agentNamespace + `"}}]`,
+			want:  "binds rbac.authorization.k8s.io/clusterrolebindings//kueue-manager-rolebinding only as the embedded charts render it",
+		},
+		{
+			name:  "a Deployment of the charts' name with an image from another registry",
+			obj:   &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: jobsetNS, Name: "jobset-controller"}},
+			patch: `[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"ghcr.io/elsewhere/jobset:v0.11.1"}]`,
+			want:  "runs images only from the registries this worker allows (components.allowedRegistries: registry.k8s.io, mirror.example.com), not ghcr.io/elsewhere/jobset:v0.11.1",
+		},
+		{
+			name:  "a Deployment of the charts' name with an image without the digest the worker requires",
+			obj:   &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: jobsetNS, Name: "jobset-controller"}},
+			patch: `[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"mirror.example.com/` + pinnedJobSet + `"}]`,
+			want:  "runs images only with the digests this worker requires (components.requiredDigests), not mirror.example.com/" + pinnedJobSet,
+		},
+		{
+			name:  "a ClusterRole of the charts' name granting more than they render, though the installer holds it",
+			obj:   &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "kueue-manager-role"}},
+			patch: `[{"op":"add","path":"/rules/-","value":{"apiGroups":[""],"resources":["persistentvolumeclaims"],"verbs":["create"]}}]`,
+			want:  "writes rbac.authorization.k8s.io/clusterroles//kueue-manager-role only with the rules the embedded charts render; it would grant: apiGroups= resources=persistentvolumeclaims",
+		},
+		{
+			name:  "an aggregated ClusterRole gathering Kubernetes' own roles, cluster-admin's among them",
+			obj:   &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "kueue-batch-admin-role"}},
+			patch: `[{"op":"replace","path":"/aggregationRule/clusterRoleSelectors","value":[{"matchLabels":{"kubernetes.io/bootstrapping":"rbac-defaults"}}]}]`,
+			want:  "writes the aggregated rbac.authorization.k8s.io/clusterroles//kueue-batch-admin-role only with the aggregationRule the embedded charts render",
+		},
+		{
+			name:  "a label that aggregates a chart's ClusterRole into Kubernetes' admin role",
+			obj:   &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "kueue-manager-role"}},
+			patch: `[{"op":"add","path":"/metadata/labels/rbac.authorization.k8s.io~1aggregate-to-admin","value":"true"}]`,
+			want:  "gives rbac.authorization.k8s.io/clusterroles//kueue-manager-role only the aggregation labels the embedded charts render",
+		},
+		{
+			name:  "a webhook of the charts' name sent to a server of another's",
+			obj:   &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kueue-validating-webhook-configuration"}},
+			patch: `[{"op":"replace","path":"/webhooks/0/clientConfig","value":{"url":"https://webhook.example.com/validate"}}]`,
+			want:  "points admissionregistration.k8s.io/validatingwebhookconfigurations//kueue-validating-webhook-configuration only at the Services the embedded charts render",
+		},
+		{
+			name: "a Service outside the charts, which the controllers' permissions it holds allow",
+			obj:  outsideService(),
+			want: "writes only the objects of the Kueue and JobSet charts it embeds, and their Helm release records, not services /services/default/outside-the-charts",
+		},
 	}
 }
