@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,9 +103,10 @@ type Options struct {
 	Inventory InventorySource
 	// InventoryEvery is how often the GPU inventory is sent. Default 1 minute.
 	InventoryEvery time.Duration
-	// Proxy serves the hub's Kubernetes API requests (agent/proxy.Handler); nil refuses
-	// them, and the hub reports the worker as not able to take dispatched work.
-	Proxy http.Handler
+	// Proxy serves the hub's Kubernetes API requests; nil refuses them, and the hub
+	// reports the worker as not able to take dispatched work. Each desired state the
+	// agent applies sets its scope (the state's Dispatch).
+	Proxy *proxy.Handler
 	// MaxProxyStreams caps the proxy streams open at once; more are closed as they
 	// arrive. Default 128.
 	MaxProxyStreams int
@@ -135,6 +137,8 @@ type Agent struct {
 	credential protocol.Secret // also in the Secret; kept here should storing it fail
 	expires    time.Time       // the credential's expiry; zero when the hub sent none
 	applied    string          // hash last applied
+	// saidScope is the proxy's scope as last logged.
+	saidScope proxy.Scope
 	// redemption is the redemption key of the enrollment attempts under way: drawn
 	// once, sent with every attempt, so that the hub can answer a repeated attempt
 	// whose first answer was lost; forgotten once a credential arrives.
@@ -594,10 +598,16 @@ func (a *Agent) applyLoop(ctx context.Context, conn *protocol.Conn, states <-cha
 func (a *Agent) applyAndReport(ctx context.Context, conn *protocol.Conn, m *protocol.DesiredState) (again bool, err error) {
 	// The apply runs to its end even if the tunnel drops meanwhile: the hub sends the
 	// state again on reconnecting, and applying it again changes nothing.
+	// The proxy takes the state's scope before the apply, as far as the worker has its
+	// namespaces already, so that the hub's Kueue is not kept waiting through an apply
+	// of minutes (components converging) after the agent restarted; and again after it,
+	// with the namespaces it made.
+	a.scopeProxy(ctx, m, true)
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opts.ApplyTimeout)
 	res := a.opts.Applier.Apply(actx, *m)
 	cancel()
 	res.Generation, res.Hash = m.Generation, m.Hash
+	a.scopeProxy(ctx, m, false)
 	if res.Complete() {
 		a.mu.Lock()
 		a.applied = m.Hash
@@ -611,6 +621,42 @@ func (a *Agent) applyAndReport(ctx context.Context, conn *protocol.Conn, m *prot
 		return false, err
 	}
 	return converging(res.Components), nil
+}
+
+// scopeProxy narrows the API proxy to what the state m lets the hub's Kueue reach: its
+// workload namespaces, once they exist; those it dropped are out of reach (agent/proxy's
+// package doc says what becomes of what is left in them). Quiet, it logs nothing: a
+// namespace the apply has yet to make is no news.
+func (a *Agent) scopeProxy(ctx context.Context, m *protocol.DesiredState, quiet bool) {
+	if a.opts.Proxy == nil {
+		return
+	}
+	var s proxy.Scope
+	if d := m.Dispatch; d != nil && !m.Decommission {
+		s = proxy.Scope{Origin: d.Origin, Namespaces: d.Namespaces}
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opts.ApplyTimeout)
+	defer cancel()
+	excluded, err := a.opts.Proxy.SetScope(actx, s)
+	if quiet {
+		return
+	}
+	if err != nil {
+		a.opts.Log.Error("binding the dispatch identity in the workload namespaces", "error", err)
+	}
+	// Said when it changes, not at every resync.
+	after := a.opts.Proxy.Scope()
+	a.mu.Lock()
+	before := a.saidScope
+	a.saidScope = after
+	a.mu.Unlock()
+	if after.Origin == before.Origin && slices.Equal(after.Namespaces, before.Namespaces) {
+		return
+	}
+	for _, e := range excluded {
+		a.opts.Log.Warn("the hub's Kueue may not reach a workload namespace", "namespace", e.Namespace, "reason", e.Reason)
+	}
+	a.opts.Log.Info("the hub's Kueue may reach", "origin", after.Origin, "namespaces", after.Namespaces)
 }
 
 // converging: a component is on its way, not refused or failed.

@@ -93,8 +93,10 @@
 // message and carries on.
 //
 //	agent → hub  hello        Hello: identity, versions, the hash it last applied
-//	hub → agent  desired      DesiredState: generation, hash, every object, and the
-//	                          Kueue and JobSet the worker runs (components.Spec)
+//	hub → agent  desired      DesiredState: generation, hash, every object, the
+//	                          Kueue and JobSet the worker runs (components.Spec), and
+//	                          the scope of the hub's API proxy: its MultiKueue origin
+//	                          and the workload namespaces (Dispatch)
 //	agent → hub  applied      Applied: the hash applied, one result per object, and
 //	                          each component's state
 //	agent → hub  inventory    Inventory: GPUs per node and in total

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/flotilla-gitops/flotilla/agent/components"
@@ -102,6 +103,30 @@ type DesiredState struct {
 	// about before it applies Objects. Hubs before them send none, and the agent then
 	// leaves the worker's Kueue as it finds it.
 	Components *components.Spec `json:"components,omitempty"`
+	// Dispatch is how far the hub's MultiKueue may reach into the worker through the API
+	// proxy once this state is applied. Nil (a hub before it, a fleet without dispatch,
+	// a decommission) lets it reach nothing.
+	Dispatch *Dispatch `json:"dispatch,omitempty"`
+}
+
+// Dispatch scopes the hub's API proxy on the worker (agent/proxy.Scope).
+type Dispatch struct {
+	// Origin is the hub Kueue's MultiKueue origin: the value of the
+	// kueue.x-k8s.io/multikueue-origin label on everything it creates on a worker, and
+	// the only one its lists and watches may select.
+	Origin string `json:"origin"`
+	// Namespaces are the fleet's workload namespaces, where jobs are dispatched. The
+	// agent narrows them further (its own namespace, the system namespaces and its
+	// administrator's allowlist are never in scope).
+	Namespaces []string `json:"namespaces"`
+}
+
+// Equal reports whether d and o scope the proxy alike.
+func (d *Dispatch) Equal(o *Dispatch) bool {
+	if d == nil || o == nil {
+		return d == o
+	}
+	return d.Origin == o.Origin && slices.Equal(d.Namespaces, o.Namespaces)
 }
 
 // Action is what applying did to one object.

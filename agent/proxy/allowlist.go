@@ -76,12 +76,38 @@ func Allowlist(integrations []Integration) []Rule {
 	return rules
 }
 
-// PolicyRules are the RBAC rules that grant exactly rules: what the proxy's identity is
-// bound to on the worker. RBAC does not tell versions apart; the proxy does.
+// PolicyRules are the RBAC rules that grant exactly rules, wherever they are bound.
+// RBAC does not tell versions apart; the proxy does.
 func PolicyRules(rules []Rule) []rbacv1.PolicyRule {
+	return policyRules(rules, func(string) bool { return true })
+}
+
+// NamespacedPolicyRules are the rules the proxy's identity holds in the namespaces of
+// the proxy's scope only: a ClusterRole the agent binds there with RoleBindings
+// (Options.ClusterRole). Every verb but list and watch.
+func NamespacedPolicyRules(rules []Rule) []rbacv1.PolicyRule {
+	return policyRules(rules, func(v string) bool { return v != "list" && v != "watch" })
+}
+
+// ClusterPolicyRules are the rules the proxy's identity holds across namespaces, bound
+// by a ClusterRoleBinding: list and watch, which MultiKueue makes of every namespace at
+// once, selecting by its origin label. RBAC cannot narrow them by label; the proxy does.
+func ClusterPolicyRules(rules []Rule) []rbacv1.PolicyRule {
+	return policyRules(rules, func(v string) bool { return v == "list" || v == "watch" })
+}
+
+func policyRules(rules []Rule, keep func(verb string) bool) []rbacv1.PolicyRule {
 	out := make([]rbacv1.PolicyRule, 0, len(rules))
 	for _, r := range rules {
-		out = append(out, rbacv1.PolicyRule{APIGroups: []string{r.Group}, Resources: []string{r.Resource}, Verbs: slices.Clone(r.Verbs)})
+		var verbs []string
+		for _, v := range r.Verbs {
+			if keep(v) {
+				verbs = append(verbs, v)
+			}
+		}
+		if len(verbs) > 0 {
+			out = append(out, rbacv1.PolicyRule{APIGroups: []string{r.Group}, Resources: []string{r.Resource}, Verbs: verbs})
+		}
 	}
 	return out
 }

@@ -8,9 +8,10 @@
 // Requests are forwarded as the ServiceAccount flotilla-dispatch of the agent's
 // namespace (DefaultServiceAccount): the agent authenticates as itself and impersonates
 // it, and the API server gives the impersonated account its own groups. The agent chart
-// binds that account to exactly the allowlist (PolicyRules) and lets the agent
-// impersonate that one account, nothing more; a test compares the chart's ClusterRole
-// with Allowlist.
+// grants that account exactly the allowlist, split in two (ClusterPolicyRules across
+// namespaces, NamespacedPolicyRules where the agent binds them, see Scope), and lets
+// the agent impersonate that one account, nothing more; a test compares the chart's
+// ClusterRoles with Allowlist.
 //
 // Whatever identity a request names is dropped before it is forwarded:
 // Authorization, Proxy-Authorization, Cookie, every Impersonate-* header and the front
@@ -50,6 +51,69 @@
 // Anything else, core resources such as Secrets, ConfigMaps, Pods and Nodes among them,
 // is answered 403 with a Kubernetes Status saying why, and logged with its method, path
 // and reason (the first ten, then one each ten seconds, with a running count).
+//
+// # Scope
+//
+// What the allowlist allows is forwarded only within the scope of the desired state the
+// agent last applied (Scope, from protocol.Dispatch): the hub's MultiKueue origin and
+// the fleet's workload namespaces. Until the agent applied one, and after a
+// decommission, only discovery is forwarded.
+//
+//   - A request that names a namespace is forwarded only in a workload namespace of that
+//     state, intersected with Options.Namespaces when the worker's administrator set
+//     them (the chart's dispatch.namespaces), and never in the agent's own namespace,
+//     kube-* or kueue-system and jobset-system, whatever the hub sends: fleet validation
+//     refuses those (and default) too, but cannot know the agent's namespace.
+//   - A list or a watch, across namespaces or in one, must select the label
+//     kueue.x-k8s.io/multikueue-origin equal to the hub's origin (=, == or in with that
+//     one value; further requirements only narrow it), as Kueue v0.17.0's MultiKueue
+//     always does: its watches of Workloads and of each integration's kind, and its
+//     garbage collector's list of Workloads, all select client.MatchingLabels{origin}.
+//   - A create must carry that label, as every object MultiKueue creates does
+//     (cloneForCreate, and the Job and JobSet adapters' SyncJob).
+//   - A read of one object is forwarded and its answer checked, in JSON (the agent asks
+//     for JSON, which every client reads): an object without the label is answered 403.
+//   - An update, a patch (server-side apply or merge patch only) and a delete first read
+//     the live object's metadata as the dispatch identity and are refused unless it
+//     carries the label; the request then goes with that object's UID, as the
+//     precondition of a delete and of an update (its metadata.uid), and with its
+//     resource version as well in a patch (a status patch drops what it says of the
+//     rest of metadata). An object deleted and made again under the same name in
+//     between (without the label) is therefore never the one written. An update or
+//     patch may not take the label off or change it.
+//
+// Bodies are read as the API server reads them: JSON, YAML for server-side apply, and
+// protobuf, in which controller-runtime's clients send Kubernetes' own kinds (Jobs, and
+// the DeleteOptions of their deletes); what is rewritten goes on as JSON. Bodies and
+// answers held to be checked are bounded by MaxBodyBytes each and MaxInspecting at once.
+//
+// Objects left in a namespace the fleet dropped stay on the worker: the agent prunes
+// its own LocalQueues there, never a namespace or a job, so running work runs to its
+// end under the worker's Kueue. The hub can no longer read, change or delete them: its
+// lists and watches by origin still show them, and its garbage collector's deletes are
+// refused. The worker's administrator removes them, or the fleet names the namespace
+// again.
+//
+// # What the API server refuses too
+//
+// The agent's checks stand in front of the worker's RBAC, which refuses again what it
+// can express, should the agent ever let a request through:
+//
+//   - Namespaces. What MultiKueue does to one object (NamespacedPolicyRules) is granted
+//     by a ClusterRole (Options.ClusterRole) that the agent binds, with a RoleBinding of
+//     the same name labelled BindingLabel, in each namespace of its scope and in no
+//     other: a namespace enters the scope after its RoleBinding is written, and leaves
+//     it before the RoleBinding is deleted. The agent may write RoleBindings of that
+//     name only, and bind that ClusterRole only; it lists RoleBindings to find those it
+//     wrote in namespaces the fleet dropped.
+//   - Verbs and resources: the allowlist, as RBAC writes it; only list and watch
+//     (ClusterPolicyRules) are granted across namespaces.
+//
+// What only the agent enforces, since RBAC cannot express it: the origin label (on
+// lists and watches, creates, and the objects read and written), the UID
+// preconditions, the API versions (RBAC does not tell them apart), and the strict
+// reading of paths. A list or watch across namespaces is granted by RBAC in
+// every namespace; the agent admits it only by the hub's origin.
 //
 // # Caps
 //

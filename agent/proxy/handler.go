@@ -8,8 +8,11 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,6 +35,15 @@ const (
 	// DefaultMaxConcurrent caps the requests in flight: MultiKueue holds one watch per
 	// kind and makes a few calls per reconcile, far below it.
 	DefaultMaxConcurrent = 64
+	// DefaultMaxInspecting caps the bodies and answers held in memory to be checked at
+	// once (guard.go): with DefaultMaxBodyBytes, 12 MiB at worst. More wait their turn.
+	DefaultMaxInspecting = 4
+	// DefaultScopeWait is how long a request that arrives before the agent's first scope
+	// waits for it: the hub sends its desired state as soon as the agent connects, and
+	// the requests of its Kueue (a watch it resumes across an agent's restart) arrive on
+	// the same tunnel at the same time. Refused at once, they would tell Kueue the
+	// worker is gone.
+	DefaultScopeWait = 30 * time.Second
 )
 
 // retryAfterSeconds is what a request over the concurrency cap is told to wait; client-go
@@ -57,18 +69,50 @@ type Options struct {
 	// MaxConcurrent caps the requests in flight, watches included; one more is answered
 	// 429 with Retry-After. Default DefaultMaxConcurrent.
 	MaxConcurrent int
-	Log           *slog.Logger
+	// MaxInspecting caps the bodies and answers held in memory while they are checked.
+	// Default DefaultMaxInspecting.
+	MaxInspecting int
+	// ScopeWait is how long a request waits for the first scope before it is refused.
+	// Default DefaultScopeWait.
+	ScopeWait time.Duration
+	// Namespaces, when not empty, are the only workload namespaces the worker's
+	// administrator lets the hub reach (the agent chart's dispatch.namespaces): the
+	// scope the hub sends is narrowed to them.
+	Namespaces []string
+	// ClusterRole is the ClusterRole of the dispatch identity's namespaced rules
+	// (NamespacedPolicyRules), which the handler binds in each namespace of its scope
+	// with a RoleBinding of the same name, as the agent, and in no other (SetScope).
+	// Empty writes no RoleBinding: the API server must then grant those rules
+	// otherwise, and does not narrow them by namespace.
+	ClusterRole string
+	Log         *slog.Logger
 }
 
 // Handler forwards the hub's Kubernetes API requests to the worker's API server under
 // the ServiceAccount's identity, if the allowlist has them. See the package doc.
 type Handler struct {
-	rules    []Rule
-	user     string
-	maxBody  int64
-	slots    chan struct{}
-	proxy    *httputil.ReverseProxy
-	log      *slog.Logger
+	rules      []Rule
+	user       string
+	namespace  string
+	maxBody    int64
+	slots      chan struct{}
+	inspecting chan struct{}
+	proxy      *httputil.ReverseProxy
+	// direct reaches the worker's API server as the dispatch identity, for the live
+	// objects the guard reads.
+	direct *http.Client
+	target *url.URL
+	log    *slog.Logger
+
+	allowNamespaces []string
+	binder          *binder
+	scopeMu         sync.Mutex // one SetScope at a time
+	scope           atomic.Pointer[scope]
+	// scoped is closed by the first SetScope; until then requests wait up to scopeWait.
+	scoped     chan struct{}
+	scopedOnce sync.Once
+	scopeWait  time.Duration
+
 	logEvery rate.Sometimes
 	refused  atomic.Int64
 }
@@ -96,6 +140,17 @@ func New(opts Options) (*Handler, error) {
 	if opts.MaxConcurrent <= 0 {
 		opts.MaxConcurrent = DefaultMaxConcurrent
 	}
+	if opts.MaxInspecting <= 0 {
+		opts.MaxInspecting = DefaultMaxInspecting
+	}
+	if opts.ScopeWait <= 0 {
+		opts.ScopeWait = DefaultScopeWait
+	}
+	for _, ns := range opts.Namespaces {
+		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
+			return nil, fmt.Errorf("proxy: allowed namespace %q: %s", ns, strings.Join(msgs, "; "))
+		}
+	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -114,14 +169,31 @@ func New(opts Options) (*Handler, error) {
 	}
 
 	h := &Handler{
-		rules:   Allowlist(opts.Integrations),
-		user:    user,
-		maxBody: opts.MaxBodyBytes,
-		slots:   make(chan struct{}, opts.MaxConcurrent),
-		log:     opts.Log,
+		rules:           Allowlist(opts.Integrations),
+		user:            user,
+		namespace:       opts.Namespace,
+		maxBody:         opts.MaxBodyBytes,
+		slots:           make(chan struct{}, opts.MaxConcurrent),
+		inspecting:      make(chan struct{}, opts.MaxInspecting),
+		direct:          &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		target:          target,
+		allowNamespaces: slices.Clone(opts.Namespaces),
+		scoped:          make(chan struct{}),
+		scopeWait:       opts.ScopeWait,
+		log:             opts.Log,
 		// The first few refusals, then one per interval: a hub gone wrong cannot flood
 		// the worker's log through the agent.
 		logEvery: rate.Sometimes{First: 10, Interval: 10 * time.Second},
+	}
+	h.scope.Store(closed)
+	if opts.ClusterRole != "" {
+		if msgs := validation.IsDNS1123Subdomain(opts.ClusterRole); len(msgs) > 0 {
+			return nil, fmt.Errorf("proxy: ClusterRole %q: %s", opts.ClusterRole, strings.Join(msgs, "; "))
+		}
+		// As the agent itself: the dispatch identity may not bind anything.
+		if h.binder, err = newBinder(opts.Config, opts.ClusterRole, opts.Namespace, opts.ServiceAccount); err != nil {
+			return nil, err
+		}
 	}
 	h.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -137,9 +209,10 @@ func New(opts Options) (*Handler, error) {
 		},
 		Transport: rt,
 		// Every write goes out at once: a watch's events must not wait in a buffer.
-		FlushInterval: -1,
-		ErrorHandler:  h.upstreamError,
-		ErrorLog:      slog.NewLogLogger(opts.Log.Handler(), slog.LevelWarn),
+		FlushInterval:  -1,
+		ModifyResponse: h.checkAnswer,
+		ErrorHandler:   h.upstreamError,
+		ErrorLog:       slog.NewLogLogger(opts.Log.Handler(), slog.LevelWarn),
 	}
 	return h, nil
 }
@@ -167,17 +240,16 @@ func dropCredentials(h http.Header) {
 	}
 }
 
-// ServeHTTP forwards r if the allowlist has it, else answers 403.
+// ServeHTTP forwards r if the allowlist and the scope have it, else answers 403.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	req, ref := classify(r)
-	if ref == nil && !req.discovery && !allowed(h.rules, req) {
-		ref = refusef("%s is not in the allowlist", req)
+	sc := h.scope.Load()
+	req, ref := h.check(r, sc)
+	if ref != nil && !req.discovery && h.awaitScope(r.Context()) {
+		sc = h.scope.Load()
+		req, ref = h.check(r, sc)
 	}
 	if ref != nil {
-		n := h.refused.Add(1)
-		h.logEvery.Do(func() {
-			h.log.Warn("refused a proxied request", "method", r.Method, "path", r.URL.Path, "reason", string(*ref), "refused", n)
-		})
+		h.refuseLog(r, string(*ref))
 		writeStatus(w, http.StatusForbidden, metav1.StatusReasonForbidden, "flotilla-agent: "+string(*ref))
 		return
 	}
@@ -198,7 +270,67 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = http.MaxBytesReader(w, r.Body, h.maxBody)
 	}
+	if !req.discovery {
+		if herr := h.guard(r, req, sc); herr != nil {
+			if herr.code == http.StatusForbidden {
+				h.refuseLog(r, herr.msg)
+			}
+			herr.write(w)
+			return
+		}
+		if req.verb == "get" {
+			// The answer is checked before it goes back (checkAnswer), in JSON, which
+			// every client reads: controller-runtime asks for Kubernetes' own kinds in
+			// protobuf.
+			r.Header.Set("Accept", mediaJSON)
+			r = r.WithContext(context.WithValue(r.Context(), answerCheckKey{}, &answerCheck{origin: sc.origin, req: req}))
+		}
+	}
 	h.proxy.ServeHTTP(w, r)
+}
+
+// awaitScope waits, up to the handler's ScopeWait, for the first scope, and says
+// whether it came meanwhile: false when it was there already, or never came.
+func (h *Handler) awaitScope(ctx context.Context) bool {
+	select {
+	case <-h.scoped:
+		return false
+	default:
+	}
+	t := time.NewTimer(h.scopeWait)
+	defer t.Stop()
+	select {
+	case <-h.scoped:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// check reads r as the API server's authorizer would and checks it against the
+// allowlist and sc, the scope in force; what the objects carry is checked later.
+func (h *Handler) check(r *http.Request, sc *scope) (request, *refusal) {
+	req, ref := classify(r)
+	if ref != nil || req.discovery {
+		return req, ref
+	}
+	if !allowed(h.rules, req) {
+		return req, refusef("%s is not in the allowlist", req)
+	}
+	selectors, given := r.URL.Query()["labelSelector"]
+	if len(selectors) > 1 {
+		return req, refusef("the labelSelector parameter is given more than once")
+	}
+	return req, sc.admits(req, strings.Join(selectors, ""), given)
+}
+
+// refuseLog logs a refusal: the first few, then one per interval with a running count.
+func (h *Handler) refuseLog(r *http.Request, reason string) {
+	n := h.refused.Add(1)
+	h.logEvery.Do(func() {
+		h.log.Warn("refused a proxied request", "method", r.Method, "path", r.URL.Path, "reason", reason, "refused", n)
+	})
 }
 
 // upstreamError answers a request the API server did not answer. The detail goes to
@@ -218,6 +350,14 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 
 // writeStatus answers with a Kubernetes Status, which client-go turns into a typed error.
 func writeStatus(w http.ResponseWriter, code int, reason metav1.StatusReason, msg string) {
+	body := statusBody(code, reason, msg)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_, _ = w.Write(body)
+}
+
+func statusBody(code int, reason metav1.StatusReason, msg string) []byte {
 	body, _ := json.Marshal(&metav1.Status{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Status"},
 		Status:   metav1.StatusFailure,
@@ -225,8 +365,5 @@ func writeStatus(w http.ResponseWriter, code int, reason metav1.StatusReason, ms
 		Reason:   reason,
 		Code:     int32(code),
 	})
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(code)
-	_, _ = w.Write(body)
+	return body
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -164,8 +165,10 @@ func TestChartValuesAreTheAgentsSettings(t *testing.T) {
 			t.Errorf("values.yaml %s has %v, want %v", section, got, keys)
 		}
 	}
-	if got := sortedKeys(v["dispatch"].(map[string]any)); !slices.Equal(got, valueKeys("dispatch")) {
-		t.Errorf("values.yaml dispatch has %v, want %v", got, valueKeys("dispatch"))
+	// dispatch.clusterRole is not the user's: the chart names its own ClusterRole.
+	wantDispatch := slices.DeleteFunc(slices.Clone(valueKeys("dispatch")), func(k string) bool { return k == "clusterRole" })
+	if got := sortedKeys(v["dispatch"].(map[string]any)); !slices.Equal(got, wantDispatch) {
+		t.Errorf("values.yaml dispatch has %v, want %v", got, wantDispatch)
 	}
 	if v["dispatch"].(map[string]any)["enabled"] != true {
 		t.Errorf("values.yaml turns dispatch off by default")
@@ -289,8 +292,11 @@ func TestChartDeploymentIsLockedDown(t *testing.T) {
 // dispatchObjects are the objects of templates/dispatch.yaml, typed.
 type dispatchObjects struct {
 	account            corev1.ServiceAccount
-	role               rbacv1.ClusterRole
-	binding            rbacv1.ClusterRoleBinding
+	role               rbacv1.ClusterRole // bound by the agent in the workload namespaces
+	watch              rbacv1.ClusterRole
+	watchBinding       rbacv1.ClusterRoleBinding
+	binder             rbacv1.ClusterRole
+	binderBinding      rbacv1.ClusterRoleBinding
 	impersonate        rbacv1.Role
 	impersonateBinding rbacv1.RoleBinding
 }
@@ -298,20 +304,36 @@ type dispatchObjects struct {
 func renderDispatch(t *testing.T, namespace string) dispatchObjects {
 	t.Helper()
 	docs := renderRBAC(t, "dispatch.yaml", namespace)
-	if len(docs) != 5 {
-		t.Fatalf("dispatch.yaml holds %d objects, want a ServiceAccount, a ClusterRole, a Role and their bindings", len(docs))
+	if len(docs) != 8 {
+		t.Fatalf("dispatch.yaml holds %d objects, want a ServiceAccount, three ClusterRoles, a Role and their bindings", len(docs))
 	}
 	var o dispatchObjects
-	decodeInto(t, docs[0], &o.account)
-	decodeInto(t, docs[1], &o.role)
-	decodeInto(t, docs[2], &o.binding)
-	decodeInto(t, docs[3], &o.impersonate)
-	decodeInto(t, docs[4], &o.impersonateBinding)
+	named := map[string]any{
+		"ServiceAccount/flotilla-dispatch":                  &o.account,
+		"ClusterRole/flotilla-agent-dispatch":               &o.role,
+		"ClusterRole/flotilla-agent-dispatch-watch":         &o.watch,
+		"ClusterRoleBinding/flotilla-agent-dispatch-watch":  &o.watchBinding,
+		"ClusterRole/flotilla-agent-dispatch-binder":        &o.binder,
+		"ClusterRoleBinding/flotilla-agent-dispatch-binder": &o.binderBinding,
+		"Role/flotilla-agent-impersonate-dispatch":          &o.impersonate,
+		"RoleBinding/flotilla-agent-impersonate-dispatch":   &o.impersonateBinding,
+	}
+	for _, doc := range docs {
+		meta, _ := doc["metadata"].(map[string]any)
+		key := fmt.Sprintf("%v/%v", doc["kind"], meta["name"])
+		out, ok := named[key]
+		if !ok {
+			t.Fatalf("dispatch.yaml renders %s", key)
+		}
+		decodeInto(t, doc, out)
+		delete(named, key)
+	}
 	return o
 }
 
 // The proxy's allowlist is the one source of the dispatch identity's rules: the chart
-// must grant exactly those, so that neither refuses what the other lets through.
+// must grant exactly those, what MultiKueue does to one object only where the agent binds
+// it, so that neither refuses what the other lets through.
 func TestChartDispatchRoleIsExactlyTheProxysAllowlist(t *testing.T) {
 	o := renderDispatch(t, "flotilla-system")
 	off := handoverValues()
@@ -319,17 +341,48 @@ func TestChartDispatchRoleIsExactlyTheProxysAllowlist(t *testing.T) {
 	if objs := helmtest.MustRender(t, chartDir, helmtest.Options{Release: "flotilla-agent", Namespace: agentNamespace, Values: off}).FromTemplate("dispatch.yaml"); len(objs) > 0 {
 		t.Errorf("with dispatch.enabled false, dispatch.yaml still renders %d objects", len(objs))
 	}
-	want := proxy.PolicyRules(proxy.Allowlist(proxy.DefaultIntegrations()))
-	if got, want := grants(o.role.Rules), grants(want); !slices.Equal(got, want) {
-		t.Errorf("the chart's dispatch ClusterRole grants\n%v\nthe proxy's allowlist is\n%v", got, want)
+	rules := proxy.Allowlist(proxy.DefaultIntegrations())
+	if got, want := grants(o.role.Rules), grants(proxy.NamespacedPolicyRules(rules)); !slices.Equal(got, want) {
+		t.Errorf("the chart's namespaced dispatch ClusterRole grants\n%v\nthe proxy's allowlist is\n%v", got, want)
+	}
+	if got, want := grants(o.watch.Rules), grants(proxy.ClusterPolicyRules(rules)); !slices.Equal(got, want) {
+		t.Errorf("the chart's cluster-wide dispatch ClusterRole grants\n%v\nthe proxy's allowlist is\n%v", got, want)
+	}
+	for _, g := range grants(o.watch.Rules) {
+		if g.Verb != "list" && g.Verb != "watch" {
+			t.Errorf("the dispatch identity may %s %s in every namespace", g.Verb, g.Resource)
+		}
 	}
 	if o.account.Name != proxy.DefaultServiceAccount || o.account.Namespace != "flotilla-system" ||
 		o.account.AutomountServiceAccountToken == nil || *o.account.AutomountServiceAccountToken {
 		t.Errorf("the dispatch ServiceAccount is %s/%s, automount %v", o.account.Namespace, o.account.Name, o.account.AutomountServiceAccountToken)
 	}
-	if o.binding.RoleRef.Name != o.role.Name || o.binding.RoleRef.Kind != "ClusterRole" ||
-		!slices.Equal(o.binding.Subjects, []rbacv1.Subject{{Kind: "ServiceAccount", Name: proxy.DefaultServiceAccount, Namespace: "flotilla-system"}}) {
-		t.Errorf("the dispatch ClusterRoleBinding binds %+v to %+v", o.binding.RoleRef, o.binding.Subjects)
+	dispatchSubject := []rbacv1.Subject{{Kind: "ServiceAccount", Name: proxy.DefaultServiceAccount, Namespace: "flotilla-system"}}
+	agentSubject := []rbacv1.Subject{{Kind: "ServiceAccount", Name: "flotilla-agent", Namespace: "flotilla-system"}}
+	if o.watchBinding.RoleRef.Name != o.watch.Name || o.watchBinding.RoleRef.Kind != "ClusterRole" || !slices.Equal(o.watchBinding.Subjects, dispatchSubject) {
+		t.Errorf("the dispatch ClusterRoleBinding binds %+v to %+v", o.watchBinding.RoleRef, o.watchBinding.Subjects)
+	}
+	// The agent may write the RoleBindings of the namespaced role, of its name only, and
+	// bind that role and no other.
+	wantBinder := []grant{
+		{Group: "rbac.authorization.k8s.io", Resource: "clusterroles", Verb: "bind", Name: o.role.Name},
+		{Group: "rbac.authorization.k8s.io", Resource: "rolebindings", Verb: "create", Name: o.role.Name},
+		{Group: "rbac.authorization.k8s.io", Resource: "rolebindings", Verb: "delete", Name: o.role.Name},
+		{Group: "rbac.authorization.k8s.io", Resource: "rolebindings", Verb: "get", Name: o.role.Name},
+		{Group: "rbac.authorization.k8s.io", Resource: "rolebindings", Verb: "list", Name: "*"},
+		{Group: "rbac.authorization.k8s.io", Resource: "rolebindings", Verb: "patch", Name: o.role.Name},
+	}
+	if got := grants(o.binder.Rules); !slices.Equal(got, wantBinder) {
+		t.Errorf("the agent's binder role grants\n%v\nwant\n%v", got, wantBinder)
+	}
+	if o.binderBinding.RoleRef.Name != o.binder.Name || !slices.Equal(o.binderBinding.Subjects, agentSubject) {
+		t.Errorf("the binder ClusterRoleBinding binds %+v to %+v", o.binderBinding.RoleRef, o.binderBinding.Subjects)
+	}
+	// The agent learns the namespaced role's name from the chart.
+	var cm corev1.ConfigMap
+	decodeInto(t, renderRBAC(t, "configmap.yaml", "flotilla-system")[0], &cm)
+	if !strings.Contains(cm.Data["values.yaml"], "clusterRole: "+o.role.Name) {
+		t.Errorf("the agent's settings do not name the dispatch ClusterRole %s:\n%s", o.role.Name, cm.Data["values.yaml"])
 	}
 	// The agent may impersonate that one account and nothing else.
 	if got, want := grants(o.impersonate.Rules), []grant{{Group: "", Resource: "serviceaccounts", Verb: "impersonate", Name: proxy.DefaultServiceAccount}}; !slices.Equal(got, want) {
@@ -337,7 +390,7 @@ func TestChartDispatchRoleIsExactlyTheProxysAllowlist(t *testing.T) {
 	}
 	if o.impersonate.Namespace != "flotilla-system" || o.impersonateBinding.Namespace != "flotilla-system" ||
 		o.impersonateBinding.RoleRef.Name != o.impersonate.Name || o.impersonateBinding.RoleRef.Kind != "Role" ||
-		!slices.Equal(o.impersonateBinding.Subjects, []rbacv1.Subject{{Kind: "ServiceAccount", Name: "flotilla-agent", Namespace: "flotilla-system"}}) {
+		!slices.Equal(o.impersonateBinding.Subjects, agentSubject) {
 		t.Errorf("the impersonation RoleBinding binds %+v to %+v", o.impersonateBinding.RoleRef, o.impersonateBinding.Subjects)
 	}
 }

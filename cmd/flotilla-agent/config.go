@@ -7,16 +7,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/flotilla-gitops/flotilla/agent/components"
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	"github.com/flotilla-gitops/flotilla/cmd/internal/workerconfig"
 )
@@ -58,6 +61,13 @@ type config struct {
 	// Dispatch serves the hub's Kubernetes API proxy streams, through which the hub's
 	// MultiKueue dispatches jobs to this worker.
 	Dispatch bool
+	// DispatchNamespaces, when set, are the only workload namespaces the hub's Kueue may
+	// reach, whatever the fleet names (agent/proxy.Options.Namespaces).
+	DispatchNamespaces []string
+	// DispatchClusterRole is the chart's ClusterRole of the dispatch identity's
+	// namespaced rules, which the agent binds in the workload namespaces
+	// (agent/proxy.Options.ClusterRole).
+	DispatchClusterRole string
 	// InstallComponents: the agent may install Kueue and JobSet, where the fleet manages
 	// them. The chart grants the installer its permissions only when it is true.
 	InstallComponents bool
@@ -67,6 +77,9 @@ type config struct {
 	// ComponentsServiceAccount, in the agent's namespace, is the identity the installer
 	// acts as (the agent impersonates it); empty is the agent's own.
 	ComponentsServiceAccount string
+	// Images are the registries and digests the worker's administrator allows the
+	// components' images (components.allowedRegistries, components.requiredDigests).
+	Images components.ImagePolicy
 }
 
 // flagValues are the command line's settings; changed tells which were given.
@@ -85,6 +98,7 @@ type flagValues struct {
 	logLevel              string
 	allowInsecureLoopback bool
 	dispatch              bool
+	dispatchClusterRole   string
 	componentsBinary      string
 	componentsSA          string
 	installComponents     bool
@@ -194,6 +208,22 @@ func loadConfig(fv flagValues, changed func(flag string) bool, getenv func(strin
 		fail(disp, "dispatch.enabled %q is neither true nor false", disp.value)
 	}
 
+	if v, ok := st.vals["dispatch.namespaces"]; ok {
+		for _, ns := range v.items {
+			if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
+				fail(source{value: ns, from: v.where() + " (dispatch.namespaces)"}, "%q is not a namespace name: %s", ns, strings.Join(msgs, "; "))
+				continue
+			}
+			cfg.DispatchNamespaces = append(cfg.DispatchNamespaces, ns)
+		}
+	}
+	if role := pick("dispatch-cluster-role", "dispatch.clusterRole", fv.dispatchClusterRole, ""); role.value != "" {
+		if msgs := validation.IsDNS1123Subdomain(role.value); len(msgs) > 0 {
+			fail(role, "ClusterRole name %q is not valid: %s", role.value, strings.Join(msgs, "; "))
+		}
+		cfg.DispatchClusterRole = role.value
+	}
+
 	switch inst := pick("install-components", "components.install", strconv.FormatBool(fv.installComponents), "true"); strings.ToLower(inst.value) {
 	case "true":
 		cfg.InstallComponents = true
@@ -208,6 +238,7 @@ func loadConfig(fv flagValues, changed func(flag string) bool, getenv func(strin
 		}
 		cfg.ComponentsServiceAccount = sa.value
 	}
+	cfg.Images = st.images()
 
 	tok, err := enrollmentToken(fv, changed, st.vals)
 	if err != nil {
@@ -291,6 +322,41 @@ func (st *settings) credentialSecret(flagValue string) string {
 		st.fail(sec, "credential Secret name %q is not a Secret name: %s", sec.value, strings.Join(msgs, "; "))
 	}
 	return sec.value
+}
+
+// images is the components' image policy of the values file. It has no flags: a list of
+// registries and a mapping of digests are the values file's to hold. Registries are kept
+// normalized, so that the policy the installer is handed is the one checked here.
+func (st *settings) images() components.ImagePolicy {
+	var p components.ImagePolicy
+	if v, ok := st.vals["components.allowedRegistries"]; ok {
+		src := source{from: v.where() + " (components.allowedRegistries)"}
+		for _, r := range v.items {
+			n, err := components.ParseRegistry(r)
+			switch {
+			case err != nil:
+				st.fail(src, "allowed registry %q %v", r, err)
+			case slices.Contains(p.AllowedRegistries, n):
+				st.fail(src, "allowed registry %q is listed twice", n)
+			default:
+				p.AllowedRegistries = append(p.AllowedRegistries, n)
+			}
+		}
+	}
+	if v, ok := st.vals["components.requiredDigests"]; ok {
+		src := source{from: v.where() + " (components.requiredDigests)"}
+		for _, key := range slices.Sorted(maps.Keys(v.entries)) {
+			if err := components.CheckRequiredDigest(key, v.entries[key]); err != nil {
+				st.fail(src, "%v", err)
+				continue
+			}
+			if p.RequiredDigests == nil {
+				p.RequiredDigests = map[string]string{}
+			}
+			p.RequiredDigests[key] = v.entries[key]
+		}
+	}
+	return p
 }
 
 // enrollmentToken reads the token from --enrollment-token-file, else from the values

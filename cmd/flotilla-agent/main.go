@@ -65,7 +65,8 @@ func newRootCommand(getenv func(string) string, start starter) *cobra.Command {
 			"cluster.tenant, cluster.name, cluster.identity, enrollment.token and the optional\n" +
 			"agent.namespace, agent.credentialSecret, agent.caBundle (a file or inline PEM),\n" +
 			"agent.heartbeat, agent.dcgmURL, agent.listen, agent.logLevel, dispatch.enabled,\n" +
-			"components.install and components.serviceAccount.\n" +
+			"components.install, components.serviceAccount, components.allowedRegistries and\n" +
+			"components.requiredDigests (the values file only).\n" +
 			"A flag overrides the file. The enrollment token has no flag, since flags show in\n" +
 			"process listings: it is read from the values file or from --enrollment-token-file.",
 		Version:       version.String("flotilla-agent"),
@@ -101,6 +102,7 @@ func newRootCommand(getenv func(string) string, start starter) *cobra.Command {
 	f.StringVar(&fv.kubeconfig, "kubeconfig", "", "a kubeconfig for the worker cluster (default: in-cluster, else $"+kubeconfigEnv+")")
 	f.StringVar(&fv.logLevel, "log-level", "info", "debug, info, warn or error (agent.logLevel)")
 	f.BoolVar(&fv.dispatch, "dispatch", true, "serve the hub's Kubernetes API proxy, through which the hub's MultiKueue dispatches jobs here (dispatch.enabled)")
+	f.StringVar(&fv.dispatchClusterRole, "dispatch-cluster-role", "", "the ClusterRole of the dispatch identity's namespaced rules, which the agent binds in each workload namespace (dispatch.clusterRole)")
 	f.BoolVar(&fv.installComponents, "install-components", true, "install and upgrade Kueue and JobSet where the fleet manages them (components.install); false where the cluster's team runs them")
 	f.StringVar(&fv.componentsBinary, "components-binary", "", "the installer of Kueue and JobSet (default: "+components.BinaryName+" beside this executable)")
 	f.StringVar(&fv.componentsSA, "components-service-account", "", "a ServiceAccount of the agent's namespace that the installer acts as (components.serviceAccount; default: the agent's own identity)")

@@ -12,17 +12,20 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
@@ -49,6 +52,9 @@ const (
 	origin = "flotilla-hub"
 	// dispatchNamespace is a workload namespace on the worker.
 	dispatchNamespace = "dispatch-a"
+	// otherNamespace is a namespace of the worker that no scope of these tests names
+	// unless it says so: a team's own.
+	otherNamespace = "team-own"
 )
 
 // serviceAccountToken is a token of the ServiceAccount name in the agent's namespace,
@@ -95,15 +101,37 @@ func agentTokenKubeconfig(t *testing.T) string {
 }
 
 // dispatchProxy installs the chart's RBAC and serves a proxy.Handler, built from the
-// agent's credentials as main builds it, on a loopback HTTP server. It returns the
-// server's URL and the handler's log.
+// agent's credentials as main builds it, on a loopback HTTP server, scoped as a desired
+// state of the hub of origin whose workload namespace is dispatchNamespace would scope
+// it. It returns the server's URL and the handler's log.
 func dispatchProxy(t *testing.T, opts proxy.Options) (string, *logtest.Buffer) {
+	t.Helper()
+	p := serveDispatchProxy(t, opts)
+	p.scope(t, proxy.Scope{Origin: origin, Namespaces: []string{dispatchNamespace}})
+	return p.url, p.logs
+}
+
+// servedProxy is a proxy.Handler served on loopback, and what it logs.
+type servedProxy struct {
+	h    *proxy.Handler
+	url  string
+	logs *logtest.Buffer
+}
+
+// serveDispatchProxy is dispatchProxy before any scope: it forwards nothing but
+// discovery.
+func serveDispatchProxy(t *testing.T, opts proxy.Options) servedProxy {
 	t.Helper()
 	installChartRBAC(t)
 	ensureNamespace(t, dispatchNamespace)
 	logs := &logtest.Buffer{}
-	opts.Config = agentRESTConfig(t)
+	if opts.Config == nil {
+		opts.Config = agentRESTConfig(t)
+	}
 	opts.Namespace = agentNamespace
+	if opts.ClusterRole == "" {
+		opts.ClusterRole = dispatchClusterRole
+	}
 	opts.Log = slog.New(slog.NewJSONHandler(io.MultiWriter(logs, t.Output()), nil))
 	h, err := proxy.New(opts)
 	if err != nil {
@@ -113,7 +141,42 @@ func dispatchProxy(t *testing.T, opts proxy.Options) (string, *logtest.Buffer) {
 	srv.Config = proxy.NewServer(h, opts.Log)
 	srv.Start()
 	t.Cleanup(srv.Close)
-	return srv.URL, logs
+	// The next test's proxy starts from no scope: what this one bound goes with it.
+	t.Cleanup(func() {
+		if _, err := h.SetScope(context.Background(), proxy.Scope{}); err != nil {
+			t.Errorf("unbinding the dispatch identity: %v", err)
+		}
+	})
+	return servedProxy{h: h, url: srv.URL, logs: logs}
+}
+
+// scope sets the proxy's scope and waits until the API server grants the dispatch
+// identity what the agent bound in each of its namespaces, and no longer grants it in
+// those it left.
+func (p servedProxy) scope(t *testing.T, s proxy.Scope) {
+	t.Helper()
+	if _, err := p.h.SetScope(t.Context(), s); err != nil {
+		t.Fatalf("setting the proxy's scope: %v", err)
+	}
+	in := p.h.Scope().Namespaces
+	for _, ns := range []string{dispatchNamespace, otherNamespace} {
+		waitGrant(t, dispatchUser, authorizationv1.ResourceAttributes{Group: "kueue.x-k8s.io", Resource: "workloads", Verb: "create", Namespace: ns}, slices.Contains(in, ns))
+	}
+}
+
+// waitGrant waits until the API server's authorizer allows user attrs, or refuses it.
+func waitGrant(t *testing.T, user string, attrs authorizationv1.ResourceAttributes, allowed bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, poll.Deadline, true, func(ctx context.Context) (bool, error) {
+		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: user, ResourceAttributes: &attrs}}
+		if err := planes[0].Client.Create(ctx, review); err != nil {
+			return false, err
+		}
+		return review.Status.Allowed == allowed, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s to be allowed=%v to %s %s in %s: %v", user, allowed, attrs.Verb, attrs.Resource, attrs.Namespace, err)
+	}
 }
 
 func ensureNamespace(t *testing.T, name string) {
@@ -404,7 +467,7 @@ func TestCallersCannotChooseTheIdentity(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	probe := newWorkload("whoami", map[string]string{"flotilla.test/whoami": "true"})
+	probe := newWorkload("whoami", map[string]string{"flotilla.test/whoami": "true", kueue.MultiKueueOriginLabel: origin})
 	body, err := json.Marshal(probe)
 	if err != nil {
 		t.Fatal(err)
@@ -459,7 +522,7 @@ func TestTheProxyCapsBodiesAndRequestsInFlight(t *testing.T) {
 	url, _ := dispatchProxy(t, proxy.Options{MaxConcurrent: 2})
 	path := url + "/apis/kueue.x-k8s.io/v1beta2/namespaces/" + dispatchNamespace + "/workloads"
 
-	big := newWorkload("too-big", nil)
+	big := newWorkload("too-big", map[string]string{kueue.MultiKueueOriginLabel: origin})
 	big.Annotations = map[string]string{"filler": strings.Repeat("x", proxy.DefaultMaxBodyBytes)}
 	body, err := json.Marshal(big)
 	if err != nil {
@@ -499,7 +562,7 @@ func TestTheProxyCapsBodiesAndRequestsInFlight(t *testing.T) {
 	// Two watches hold both places; a third request waits its turn.
 	watches := make([]*http.Response, 2)
 	for i := range watches {
-		resp, err := http.Get(url + "/apis/kueue.x-k8s.io/v1beta2/workloads?watch=true&labelSelector=x%3Dy")
+		resp, err := http.Get(url + "/apis/kueue.x-k8s.io/v1beta2/workloads?watch=true&labelSelector=" + kueue.MultiKueueOriginLabel + "%3D" + origin)
 		if err != nil || resp.StatusCode != http.StatusOK {
 			t.Fatalf("watch %d: %v %v", i, err, resp)
 		}
@@ -562,7 +625,7 @@ func startAgentWithHub(t *testing.T, version int, dispatch bool) *hubSide {
 	hub, tunnels := fakeHubSpeaking(t, "flt-credential-streams", version)
 	cfg, _, stderr, code := invoke(t, nil, "--hub-url", strings.Replace(hub.URL, "http://", "ws://", 1), "--allow-insecure-loopback",
 		"--identity", agentIdentity, "--namespace", agentNamespace, "--kubeconfig", agentTokenKubeconfig(t), "--heartbeat", "1s",
-		fmt.Sprintf("--dispatch=%v", dispatch))
+		fmt.Sprintf("--dispatch=%v", dispatch), "--dispatch-cluster-role", dispatchClusterRole)
 	if code != 0 {
 		t.Fatal(stderr)
 	}
@@ -610,7 +673,18 @@ func TestTheAgentServesProxyStreamsOnceNegotiated(t *testing.T) {
 			ctx := t.Context()
 			h := startAgentWithHub(t, tt.version, tt.dispatch)
 			c := &http.Client{Transport: &http.Transport{DialContext: hubDialer(h.tun, protocol.StreamProxy)}}
-			resp, err := c.Get("http://worker/apis/kueue.x-k8s.io/v1beta2/workloads?labelSelector=x%3Dy")
+			byOrigin := "labelSelector=" + kueue.MultiKueueOriginLabel + "%3D" + origin
+			if tt.served {
+				// The hub's desired state names its origin and the workload namespaces.
+				if err := h.conn.Send(protocol.TypeDesired, &protocol.DesiredState{Generation: 1, Hash: "sha256:scope",
+					Dispatch: &protocol.Dispatch{Origin: origin, Namespaces: []string{dispatchNamespace}}}); err != nil {
+					t.Fatal(err)
+				}
+				next[protocol.Applied](t, h)
+				waitGrant(t, dispatchUser, authorizationv1.ResourceAttributes{Group: "kueue.x-k8s.io", Resource: "workloads", Verb: "create", Namespace: dispatchNamespace}, true)
+				t.Cleanup(func() { unbindAll(t) })
+			}
+			resp, err := c.Get("http://worker/apis/kueue.x-k8s.io/v1beta2/workloads?" + byOrigin)
 			if !tt.served {
 				if err == nil {
 					resp.Body.Close()
@@ -644,23 +718,23 @@ func TestTheAgentServesProxyStreamsOnceNegotiated(t *testing.T) {
 			// reading: the API server sends it more than the tunnel's window holds,
 			// and every other request still goes through.
 			kc := kueueClient(t, &rest.Config{Host: "http://worker", Dial: hubDialer(h.tun, protocol.StreamProxy)})
-			stalled, err := c.Get("http://worker/apis/kueue.x-k8s.io/v1beta2/workloads?watch=true&labelSelector=" + kueue.MultiKueueOriginLabel + "%3Dstalled")
+			stalled, err := c.Get("http://worker/apis/kueue.x-k8s.io/v1beta2/workloads?watch=true&" + byOrigin)
 			if err != nil || stalled.StatusCode != http.StatusOK {
 				t.Fatalf("opening the watch the hub stops reading: %v %v", err, stalled)
 			}
 			defer stalled.Body.Close()
 			for i := range 8 {
-				w := newWorkload(fmt.Sprintf("stalled-%d", i), map[string]string{kueue.MultiKueueOriginLabel: "stalled"})
+				w := newWorkload(fmt.Sprintf("stalled-%d", i), map[string]string{kueue.MultiKueueOriginLabel: origin, "stalled": "true"})
 				w.Annotations = map[string]string{"filler": strings.Repeat("x", 200<<10)}
 				if err := kc.Create(ctx, w); err != nil {
 					t.Fatalf("creating workload %d through the tunnel: %v", i, err)
 				}
 			}
 			var list kueue.WorkloadList
-			if err := kc.List(ctx, &list, client.MatchingLabels{kueue.MultiKueueOriginLabel: "stalled"}); err != nil || len(list.Items) != 8 {
+			if err := kc.List(ctx, &list, client.MatchingLabels{kueue.MultiKueueOriginLabel: origin, "stalled": "true"}); err != nil || len(list.Items) != 8 {
 				t.Fatalf("listing beside a stalled watch: %v, %d items", err, len(list.Items))
 			}
-			if err := kc.DeleteAllOf(ctx, &kueue.Workload{}, client.InNamespace(dispatchNamespace), client.MatchingLabels{kueue.MultiKueueOriginLabel: "stalled"}); !apierrors.IsForbidden(err) {
+			if err := kc.DeleteAllOf(ctx, &kueue.Workload{}, client.InNamespace(dispatchNamespace), client.MatchingLabels{kueue.MultiKueueOriginLabel: origin}); !apierrors.IsForbidden(err) {
 				t.Errorf("deleting a collection through the tunnel: %v, want Forbidden", err)
 			}
 			for i := range list.Items {
@@ -669,5 +743,21 @@ func TestTheAgentServesProxyStreamsOnceNegotiated(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// unbindAll deletes the RoleBindings an agent wrote for the dispatch identity, as an
+// agent that the hub sends an empty scope does: the next test starts from none.
+func unbindAll(t *testing.T) {
+	ctx := context.Background()
+	var list rbacv1.RoleBindingList
+	if err := planes[0].Client.List(ctx, &list, client.MatchingLabels{proxy.BindingLabel: agentNamespace}); err != nil {
+		t.Error(err)
+		return
+	}
+	for i := range list.Items {
+		if err := planes[0].Client.Delete(ctx, &list.Items[i]); err != nil && !apierrors.IsNotFound(err) {
+			t.Error(err)
+		}
 	}
 }

@@ -48,6 +48,11 @@ const (
 // impersonates.
 const dispatchUser = "system:serviceaccount:" + agentNamespace + ":" + proxy.DefaultServiceAccount
 
+// dispatchClusterRole is the chart's ClusterRole of the dispatch identity's namespaced
+// rules, which the agent binds in the workload namespaces, for a release named
+// flotilla-agent.
+const dispatchClusterRole = "flotilla-agent-dispatch"
+
 // installChartRBAC creates the chart's ServiceAccounts, ClusterRoles, Roles and their
 // bindings on the plane, those that are not there yet, and waits until the authorizer
 // grants them.
@@ -96,7 +101,8 @@ func installChartRBAC(t *testing.T) {
 		{agentUser, authorizationv1.ResourceAttributes{Group: "kueue.x-k8s.io", Resource: "localqueues", Verb: "delete"}},
 		{agentUser, authorizationv1.ResourceAttributes{Resource: "secrets", Verb: "patch", Namespace: agentNamespace, Name: defaultCredentialSecret}},
 		{agentUser, authorizationv1.ResourceAttributes{Resource: "serviceaccounts", Verb: "impersonate", Namespace: agentNamespace, Name: proxy.DefaultServiceAccount}},
-		{dispatchUser, authorizationv1.ResourceAttributes{Group: "jobset.x-k8s.io", Resource: "jobsets", Verb: "delete"}},
+		{dispatchUser, authorizationv1.ResourceAttributes{Group: "jobset.x-k8s.io", Resource: "jobsets", Verb: "watch"}},
+		{agentUser, authorizationv1.ResourceAttributes{Group: "rbac.authorization.k8s.io", Resource: "clusterroles", Verb: "bind", Name: dispatchClusterRole}},
 	} {
 		user, attrs := g.user, g.attrs
 		err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {

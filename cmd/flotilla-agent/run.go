@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"runtime/debug"
 	"time"
@@ -78,7 +77,8 @@ func runAgentWith(ctx context.Context, cfg *config, log *slog.Logger, getenv fun
 		ref.set(a)
 		log.Info("starting", "version", agentVersion(), "hub", cfg.HubURL, "identity", cfg.Identity,
 			"tenant", cfg.Tenant, "cluster", cfg.Cluster, "credentialSecret", cfg.Namespace+"/"+cfg.CredentialSecret,
-			"enrollmentToken", cfg.EnrollmentToken != "", "listen", ln.Addr().String(), "dispatch", cfg.Dispatch)
+			"enrollmentToken", cfg.EnrollmentToken != "", "listen", ln.Addr().String(), "dispatch", cfg.Dispatch,
+			"allowedRegistries", cfg.Images.Registries(), "requiredDigests", len(cfg.Images.RequiredDigests))
 		return a.Run(ctx)
 	})
 	return g.Wait()
@@ -122,7 +122,7 @@ func newAgent(ctx context.Context, cfg *config, log *slog.Logger, getenv func(st
 	if err != nil {
 		return nil, err
 	}
-	converger, err := converge.New(converge.Options{Client: c, Applier: applier, Installer: installer, WithoutInstaller: without, ProbeNamespace: cfg.Namespace, Log: log})
+	converger, err := converge.New(converge.Options{Client: c, Applier: applier, Installer: installer, WithoutInstaller: without, Images: cfg.Images, ProbeNamespace: cfg.Namespace, Log: log})
 	if err != nil {
 		return nil, err
 	}
@@ -132,9 +132,9 @@ func newAgent(ctx context.Context, cfg *config, log *slog.Logger, getenv func(st
 	}
 	// The hub's MultiKueue reaches this worker's API server through the agent, under
 	// the chart's flotilla-dispatch ServiceAccount, which the agent impersonates.
-	var dispatch http.Handler
+	var dispatch *proxy.Handler
 	if cfg.Dispatch {
-		h, err := proxy.New(proxy.Options{Config: restCfg, Namespace: cfg.Namespace, Log: log})
+		h, err := proxy.New(proxy.Options{Config: restCfg, Namespace: cfg.Namespace, Namespaces: cfg.DispatchNamespaces, ClusterRole: cfg.DispatchClusterRole, Log: log})
 		if err != nil {
 			return nil, err
 		}
@@ -187,7 +187,7 @@ func newInstaller(cfg *config, restCfg *rest.Config, log *slog.Logger) (converge
 	if err != nil {
 		return nil, "", err
 	}
-	return &components.Installer{Binary: bin, KubeConfig: kc, Stderr: os.Stderr}, "", nil
+	return &components.Installer{Binary: bin, KubeConfig: kc, Stderr: os.Stderr, Images: cfg.Images}, "", nil
 }
 
 // restConfig is the worker's API server: the kubeconfig given, else the pod's service

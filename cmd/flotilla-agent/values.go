@@ -33,12 +33,19 @@ func valueKeys(section string) []string {
 	case "agent":
 		return []string{"namespace", "credentialSecret", "caBundle", "heartbeat", "dcgmURL", "listen", "logLevel"}
 	case "dispatch":
-		return []string{"enabled"}
+		return []string{"enabled", "namespaces", "clusterRole"}
 	case "components":
-		return []string{"install", "serviceAccount"}
+		return []string{"install", "serviceAccount", "allowedRegistries", "requiredDigests"}
 	}
 	return nil
 }
+
+// listKeys are the settings that hold a list of values rather than one.
+var listKeys = map[string]bool{"dispatch.namespaces": true, "components.allowedRegistries": true}
+
+// mappingKey tells the settings that hold a mapping of single values: the digests the
+// components' images must carry, by image.
+func mappingKey(name string) bool { return name == "components.requiredDigests" }
 
 // tokenKey is the one key whose value must never appear in a message.
 const tokenKey = "enrollment.token"
@@ -46,8 +53,12 @@ const tokenKey = "enrollment.token"
 // setting is one value of the values file and where it is, for messages.
 type setting struct {
 	value string
-	file  string
-	line  int
+	// items are a list setting's values (listKeys), each as written.
+	items []string
+	// entries are a mapping setting's values by key (mappingKey), each as written.
+	entries map[string]string
+	file    string
+	line    int
 }
 
 func (s setting) where() string { return fmt.Sprintf("%s:%d", s.file, s.line) }
@@ -126,6 +137,38 @@ func parseValues(file string, data []byte) (values, error) {
 			seen[sk.Value] = sk
 			switch {
 			case isNull(sv):
+			case listKeys[name] && sv.Kind == yaml.SequenceNode:
+				var items []string
+				for _, item := range sv.Content {
+					if item = resolve(item); item.Kind != yaml.ScalarNode || isNull(item) {
+						fail(item, "%s must be a list of single values", name)
+						continue
+					}
+					items = append(items, item.Value)
+				}
+				if len(items) > 0 {
+					out[name] = setting{items: items, file: file, line: sv.Line}
+				}
+			case listKeys[name]:
+				fail(sv, "%s must be a list", name)
+			case mappingKey(name) && sv.Kind == yaml.MappingNode:
+				entries := map[string]string{}
+				for e := 0; e+1 < len(sv.Content); e += 2 {
+					ek, ev := resolve(sv.Content[e]), resolve(sv.Content[e+1])
+					switch _, dup := entries[ek.Value]; {
+					case ek.Kind != yaml.ScalarNode || ev.Kind != yaml.ScalarNode || isNull(ev):
+						fail(ek, "%s must be a mapping of single values", name)
+					case dup:
+						fail(ek, "%s lists %s twice", name, quoteKey(ek))
+					default:
+						entries[ek.Value] = ev.Value
+					}
+				}
+				if len(entries) > 0 {
+					out[name] = setting{entries: entries, file: file, line: sv.Line}
+				}
+			case mappingKey(name):
+				fail(sv, "%s must be a mapping", name)
 			case sv.Kind != yaml.ScalarNode:
 				fail(sv, "%s must be a single value, not a %s", name, kindName(sv))
 			case sv.Value != "":

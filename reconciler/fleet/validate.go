@@ -66,6 +66,9 @@ func loadFleetFile(fsys fs.FS, list *ErrorList) *v1alpha1.Fleet {
 		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
 			e.at(n.Line, n.Column, "workload namespace %q is not a valid namespace name: %s", ns, strings.Join(msgs, "; "))
 		}
+		if why := reservedNamespace(ns); why != "" {
+			e.at(n.Line, n.Column, "workload namespace %q is %s: jobs dispatched there would run beside what keeps the worker running; choose a namespace of the fleet's own", ns, why)
+		}
 		if seen[ns] {
 			e.at(n.Line, n.Column, "workload namespace %q is listed twice", ns)
 		}
@@ -439,4 +442,21 @@ func (f *Fleet) checkUniqueNames(names ...string) {
 func isDuplicateName(e Error) bool {
 	return path.Base(e.File) == ClusterFile && strings.HasPrefix(e.Message, "worker name ") &&
 		strings.Contains(e.Message, " is already used by ")
+}
+
+// reservedNamespace says why ns can never be a workload namespace, or "". The hub's Kueue
+// creates and deletes jobs in the workload namespaces of every worker: in kube-* or the
+// components' namespaces they could run as those namespaces' ServiceAccounts and mount
+// their Secrets, and default is where a cluster's stray objects land. The agent refuses
+// the system namespaces and its own again, whatever the hub sends (agent/proxy).
+func reservedNamespace(ns string) string {
+	switch {
+	case strings.HasPrefix(ns, "kube-"):
+		return "a Kubernetes system namespace"
+	case ns == "default":
+		return "the default namespace"
+	case ns == "kueue-system" || ns == "jobset-system":
+		return "where the worker's Kueue and JobSet run"
+	}
+	return ""
 }

@@ -2,8 +2,10 @@ package hub
 
 import (
 	"context"
+	"slices"
 	"time"
 
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/dispatch"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
@@ -90,4 +92,15 @@ func (s *Source) syncDispatch(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	return s.hub.opts.Dispatch.Sync(ctx, t, wcs)
+}
+
+// dispatchScope is how far the hub's Kueue may reach into the fleet's workers through
+// the API proxy: the fleet's workload namespaces, by the hub's origin. Nil when the hub
+// dispatches nothing to them (no proxy, or a fleet that turned dispatch off), which
+// closes the proxy on every worker.
+func (s *Source) dispatchScope(f *fleet.Fleet) *protocol.Dispatch {
+	if s.hub.opts.Dispatch == nil || f == nil || f.Spec == nil || !f.Spec.Spec.DispatchEnabled() {
+		return nil
+	}
+	return &protocol.Dispatch{Origin: dispatch.Origin, Namespaces: slices.Clone(f.Spec.Spec.WorkloadNamespaces)}
 }

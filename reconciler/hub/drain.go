@@ -148,7 +148,8 @@ func holding(ds *protocol.DesiredState) *protocol.DesiredState {
 	if ds == nil || ds.Decommission {
 		return nil
 	}
-	out := &protocol.DesiredState{Generation: ds.Generation}
+	// Running work stays reachable: the hub's Kueue follows it to its end.
+	out := &protocol.DesiredState{Generation: ds.Generation, Dispatch: ds.Dispatch}
 	h := sha256.New()
 	for _, raw := range ds.Objects {
 		var obj map[string]any

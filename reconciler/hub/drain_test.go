@@ -16,10 +16,14 @@ func TestADrainHoldsEveryClusterQueueAndChangesNothingElse(t *testing.T) {
 		json.RawMessage(`{"apiVersion":"kueue.x-k8s.io/v1beta2","kind":"ClusterQueue","metadata":{"name":"cq"},"spec":{"namespaceSelector":{}}}`),
 		json.RawMessage(`{"apiVersion":"kueue.x-k8s.io/v1beta2","kind":"ClusterQueue","metadata":{"name":"other"}}`),
 		json.RawMessage(`{"apiVersion":"kueue.x-k8s.io/v1beta2","kind":"LocalQueue","metadata":{"name":"eu","namespace":"ml"},"spec":{"clusterQueue":"cq"}}`),
-	}}
+	}, Dispatch: &protocol.Dispatch{Origin: "flotilla-hub", Namespaces: []string{"ml"}}}
 	got := holding(ds)
 	if got == nil || got.Hash == ds.Hash || got.Generation != ds.Generation || len(got.Objects) != len(ds.Objects) {
 		t.Fatalf("held state %+v", got)
+	}
+	// The hub's Kueue follows the work already placed there to its end.
+	if !got.Dispatch.Equal(ds.Dispatch) {
+		t.Errorf("the held state lets the hub's Kueue reach %+v, want %+v", got.Dispatch, ds.Dispatch)
 	}
 	for i, raw := range got.Objects {
 		s := string(raw)

@@ -212,15 +212,16 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 	facts := []conditions.Fact{conditions.Desired{Hash: res.Hash}, conditions.Sourced{Commit: commit, InputsDigest: digest}}
 	// The tunnel holds the state it was pushed and sends it on every connect and
 	// resync: the same state again would only be sent again.
+	scope := s.dispatchScope(f)
 	d := s.hub.opts.Tunnel.Desired(identity)
-	if d != nil && !d.Decommission && d.Hash == res.Hash && d.Generation == want.Generation {
+	if d != nil && !d.Decommission && d.Hash == res.Hash && d.Generation == want.Generation && d.Dispatch.Equal(scope) {
 		if _, err := s.hub.opts.Status.Record(ctx, key, facts...); err != nil {
 			return err
 		}
 		return s.refresh(ctx, c.Name)
 	}
 	comps := res.Components
-	ds := &protocol.DesiredState{Generation: want.Generation, Hash: res.Hash, Components: &comps}
+	ds := &protocol.DesiredState{Generation: want.Generation, Hash: res.Hash, Components: &comps, Dispatch: scope}
 	for _, o := range res.Objects {
 		raw, err := json.Marshal(o.Object)
 		if err != nil {

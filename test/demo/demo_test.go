@@ -37,6 +37,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitnotes"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/test/controlplane"
+	"github.com/flotilla-gitops/flotilla/test/dispatchtest"
 	"github.com/flotilla-gitops/flotilla/test/gitserver"
 	"github.com/flotilla-gitops/flotilla/test/sopstest"
 )
@@ -543,15 +544,18 @@ func (d *demo) startAgent(w *worker) {
 		d.fail("%v", err)
 	}
 	values := filepath.Join(d.checkout, "values."+w.name+".local.yaml")
-	args := []string{"--values", values, "--kubeconfig", w.kubeconfig, "--namespace", agentNamespace, "--allow-insecure-loopback", "--listen", listen}
+	// The chart hands the agent the name of its dispatch ClusterRole; run by hand, it
+	// takes it as a flag.
+	args := []string{"--values", values, "--kubeconfig", w.kubeconfig, "--namespace", agentNamespace, "--allow-insecure-loopback", "--listen", listen,
+		"--dispatch-cluster-role", dispatchtest.DispatchClusterRole}
 	p, err := start("flotilla-agent "+w.name, filepath.Join(d.logs, "agent-"+w.name+".log"), filepath.Join(d.bin, "flotilla-agent"), args...)
 	if err != nil {
 		d.fail("%v", err)
 	}
 	w.agent = p
 	d.t.Cleanup(p.stop)
-	d.say("    $ flotilla-agent --values fleet/values.%s.local.yaml --kubeconfig kubeconfigs/%s.yaml --namespace %s --allow-insecure-loopback --listen %s   (log: logs/agent-%s.log)",
-		w.name, w.name, agentNamespace, listen, w.name)
+	d.say("    $ flotilla-agent --values fleet/values.%s.local.yaml --kubeconfig kubeconfigs/%s.yaml --namespace %s --allow-insecure-loopback --listen %s --dispatch-cluster-role %s   (log: logs/agent-%s.log)",
+		w.name, w.name, agentNamespace, listen, dispatchtest.DispatchClusterRole, w.name)
 	done()
 }
 

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -139,14 +140,16 @@ func (d *demo) installDispatchRBAC(w *worker) {
 	if _, err := dispatchtest.InstallAgentRBAC(d.run, w.plane.Client, w.plane.Config, agentNamespace, nil); err != nil {
 		d.fail("installing the dispatch RBAC on %s: %v", w.name, err)
 	}
-	d.say("    the agent chart's dispatch RBAC on %s: ServiceAccount %s/%s may %s; the agent may impersonate it and no one else",
-		w.name, agentNamespace, proxy.DefaultServiceAccount, rulesSummary())
+	d.say("    the agent chart's dispatch RBAC on %s: ServiceAccount %s/%s may %s in the workload namespaces (bound there by the agent) and %s across them, by the hub's origin; the agent may impersonate it and no one else",
+		w.name, agentNamespace, proxy.DefaultServiceAccount,
+		rulesSummary(proxy.NamespacedPolicyRules(proxy.Allowlist(proxy.DefaultIntegrations()))),
+		rulesSummary(proxy.ClusterPolicyRules(proxy.Allowlist(proxy.DefaultIntegrations()))))
 }
 
-// rulesSummary is what flotilla-dispatch may do, in a line.
-func rulesSummary() string {
+// rulesSummary is what rules let flotilla-dispatch do, in a line.
+func rulesSummary(rules []rbacv1.PolicyRule) string {
 	var parts []string
-	for _, r := range proxy.PolicyRules(proxy.Allowlist(proxy.DefaultIntegrations())) {
+	for _, r := range rules {
 		parts = append(parts, strings.Join(r.Verbs, ",")+" "+strings.Join(r.Resources, ","))
 	}
 	return strings.Join(parts, "; ")

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	"github.com/flotilla-gitops/flotilla/reconciler/dispatch"
 	"github.com/flotilla-gitops/flotilla/secrets"
@@ -58,7 +59,11 @@ func (w *world) testProxyRefuses(t *testing.T) {
 		http1 bool
 		want  int
 	}{
-		{name: "the worker's Workloads, which MultiKueue reads, are served", cfg: euCfg, path: "/apis/kueue.x-k8s.io/v1beta2/namespaces/" + w.workloads + "/workloads", want: http.StatusOK},
+		{name: "the worker's Workloads, which MultiKueue reads by its origin, are served", cfg: euCfg,
+			path: "/apis/kueue.x-k8s.io/v1beta2/namespaces/" + w.workloads + "/workloads?labelSelector=" + kueue.MultiKueueOriginLabel + "%3D" + dispatch.Origin, want: http.StatusOK},
+		{name: "every Workload of the worker", cfg: euCfg, path: "/apis/kueue.x-k8s.io/v1beta2/workloads", want: http.StatusForbidden},
+		{name: "Jobs created in the agent's namespace", cfg: euCfg, method: http.MethodPost, path: "/apis/batch/v1/namespaces/" + agentNamespace + "/jobs", want: http.StatusForbidden},
+		{name: "Jobs created in kube-system", cfg: euCfg, method: http.MethodPost, path: "/apis/batch/v1/namespaces/kube-system/jobs", want: http.StatusForbidden},
 		{name: "Secrets of the agent's namespace", cfg: euCfg, path: secretPath, want: http.StatusForbidden},
 		{name: "the agent's credential Secret", cfg: euCfg, path: secretPath + "/flotilla-agent-credential-" + w.tenant, want: http.StatusForbidden},
 		{name: "ConfigMaps", cfg: euCfg, path: "/api/v1/namespaces/kube-system/configmaps", want: http.StatusForbidden},

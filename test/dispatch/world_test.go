@@ -488,7 +488,7 @@ func (w *world) startAgent(wk *worker) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ph, err := proxy.New(proxy.Options{Config: wk.agentConfig, Namespace: agentNamespace, Log: log})
+	ph, err := proxy.New(proxy.Options{Config: wk.agentConfig, Namespace: agentNamespace, ClusterRole: dispatchtest.DispatchClusterRole, Log: log})
 	if err != nil {
 		tb.Fatal(err)
 	}

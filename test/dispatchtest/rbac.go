@@ -22,6 +22,11 @@ import (
 // AgentServiceAccount is the agent's own ServiceAccount, as the chart names it.
 const AgentServiceAccount = "flotilla-agent"
 
+// DispatchClusterRole is the ClusterRole of the dispatch identity's namespaced rules, as
+// the chart names it for a release named flotilla-agent: what agent/proxy.Options
+// .ClusterRole names, and the agent binds in each workload namespace.
+const DispatchClusterRole = "flotilla-agent-dispatch"
+
 // tokenLifetime is how long the agent's token is valid: longer than any test or demo.
 const tokenLifetime = 24 * time.Hour
 
@@ -29,17 +34,22 @@ const tokenLifetime = 24 * time.Hour
 const grantTimeout = time.Minute
 
 // InstallAgentRBAC creates, on the worker that admin reaches, the agent's ServiceAccount
-// and the chart's dispatch RBAC in namespace (which it creates when missing):
-// flotilla-dispatch bound to proxy.PolicyRules of the allowlist for integrations (nil:
-// proxy.DefaultIntegrations), and a Role that lets the agent impersonate that one
-// account. It waits until the authorizer grants both, and returns cfg's server and CA
-// with a token of the agent's ServiceAccount: what agent/proxy.Options.Config gets in
-// the agent's pod. Objects that exist already are kept, so a second call is harmless.
+// and the chart's dispatch RBAC in namespace (which it creates when missing), as
+// charts/flotilla-agent/templates/dispatch.yaml does for the allowlist of integrations
+// (nil: proxy.DefaultIntegrations): flotilla-dispatch bound across namespaces to
+// proxy.ClusterPolicyRules, DispatchClusterRole holding proxy.NamespacedPolicyRules for
+// the agent to bind in the workload namespaces, the agent's right to write those
+// RoleBindings, and a Role that lets the agent impersonate that one account. It waits
+// until the authorizer grants them, and returns cfg's server and CA with a token of the
+// agent's ServiceAccount: what agent/proxy.Options.Config gets in the agent's pod.
+// Objects that exist already are kept, so a second call is harmless.
 func InstallAgentRBAC(ctx context.Context, admin client.Client, cfg *rest.Config, namespace string, integrations []proxy.Integration) (*rest.Config, error) {
 	if integrations == nil {
 		integrations = proxy.DefaultIntegrations()
 	}
-	dispatchName := "flotilla-agent-dispatch"
+	dispatchName := DispatchClusterRole
+	watchName := DispatchClusterRole + "-watch"
+	binderName := DispatchClusterRole + "-binder"
 	impersonateName := "flotilla-agent-impersonate-dispatch"
 	agentSubject := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: namespace, Name: AgentServiceAccount}
 	objs := []client.Object{
@@ -48,10 +58,19 @@ func InstallAgentRBAC(ctx context.Context, admin client.Client, cfg *rest.Config
 		// Nothing runs as this account: it is only impersonated.
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: proxy.DefaultServiceAccount},
 			AutomountServiceAccountToken: ptr.To(false)},
-		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: dispatchName}, Rules: proxy.PolicyRules(proxy.Allowlist(integrations))},
-		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: dispatchName},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: dispatchName},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: dispatchName}, Rules: proxy.NamespacedPolicyRules(proxy.Allowlist(integrations))},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: watchName}, Rules: proxy.ClusterPolicyRules(proxy.Allowlist(integrations))},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: watchName},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: watchName},
 			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: namespace, Name: proxy.DefaultServiceAccount}}},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: binderName}, Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{rbacv1.GroupName}, Resources: []string{"rolebindings"}, Verbs: []string{"list"}},
+			{APIGroups: []string{rbacv1.GroupName}, Resources: []string{"rolebindings"}, ResourceNames: []string{dispatchName}, Verbs: []string{"get", "create", "patch", "delete"}},
+			{APIGroups: []string{rbacv1.GroupName}, Resources: []string{"clusterroles"}, ResourceNames: []string{dispatchName}, Verbs: []string{"bind"}},
+		}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: binderName},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: binderName},
+			Subjects: []rbacv1.Subject{agentSubject}},
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: impersonateName},
 			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"serviceaccounts"},
 				ResourceNames: []string{proxy.DefaultServiceAccount}, Verbs: []string{"impersonate"}}}},
@@ -72,6 +91,7 @@ func InstallAgentRBAC(ctx context.Context, admin client.Client, cfg *rest.Config
 	}{
 		{agentUser, authorizationv1.ResourceAttributes{Resource: "serviceaccounts", Verb: "impersonate", Namespace: namespace, Name: proxy.DefaultServiceAccount}},
 		{dispatchUser, authorizationv1.ResourceAttributes{Group: "kueue.x-k8s.io", Resource: "workloads", Verb: "watch"}},
+		{agentUser, authorizationv1.ResourceAttributes{Group: rbacv1.GroupName, Resource: "clusterroles", Verb: "bind", Name: dispatchName}},
 	} {
 		if err := waitGranted(ctx, admin, g.user, g.attr); err != nil {
 			return nil, err
