@@ -42,8 +42,9 @@ func (c *kueueComingUp) applies() []string {
 
 // reports follows the agent's reports of applied states, as the hub reads them.
 type reports struct {
-	mu     sync.Mutex
-	hashes []string
+	mu          sync.Mutex
+	hashes      []string
+	generations []int64
 }
 
 func (r *reports) follow(ht *hubTunnel) {
@@ -52,10 +53,22 @@ func (r *reports) follow(ht *hubTunnel) {
 			if a, ok := m.(*protocol.Applied); ok {
 				r.mu.Lock()
 				r.hashes = append(r.hashes, a.Hash)
+				r.generations = append(r.generations, a.Generation)
 				r.mu.Unlock()
 			}
 		}
 	}()
+}
+
+// lastGeneration is the generation of the last report, 0 before any: states of one
+// hash sent again are told apart by it.
+func (r *reports) lastGeneration() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.generations) == 0 {
+		return 0
+	}
+	return r.generations[len(r.generations)-1]
 }
 
 func (r *reports) last() string {
@@ -102,9 +115,11 @@ func TestOneLoopRetriesTheLatestStateWhileComponentsConverge(t *testing.T) {
 			}
 			last := tt.sent[len(tt.sent)-1]
 			// The agent may skip a state a newer one replaced before its turn: what
-			// counts is that the last is reported, and one loop waits to retry it.
+			// counts is that the last is reported, and one loop waits to retry it. The
+			// generation tells the last sent from an earlier one of the same hash.
 			poll.Until(t, "the last state reported and one retry loop waiting", func() (bool, string) {
-				return got.last() == last && clk.Waiters() == 1, fmt.Sprintf("last report %q, %d retry loops wait", got.last(), clk.Waiters())
+				return got.last() == last && got.lastGeneration() == int64(len(tt.sent)) && clk.Waiters() == 1,
+					fmt.Sprintf("last report %q of generation %d, %d retry loops wait", got.last(), got.lastGeneration(), clk.Waiters())
 			})
 			settled := len(applier.applies())
 			for round := 1; round <= 3; round++ {
