@@ -598,10 +598,10 @@ func (a *Agent) applyLoop(ctx context.Context, conn *protocol.Conn, states <-cha
 func (a *Agent) applyAndReport(ctx context.Context, conn *protocol.Conn, m *protocol.DesiredState) (again bool, err error) {
 	// The apply runs to its end even if the tunnel drops meanwhile: the hub sends the
 	// state again on reconnecting, and applying it again changes nothing.
-	// The proxy takes the state's scope before the apply, as far as the worker has its
-	// namespaces already, so that the hub's Kueue is not kept waiting through an apply
-	// of minutes (components converging) after the agent restarted; and again after it,
-	// with the namespaces it made.
+	// A proxy without a scope yet (the agent restarted) takes the state's before the
+	// apply, as far as the worker has its namespaces already, so that the hub's Kueue
+	// is not kept waiting through an apply of minutes (components converging); every
+	// proxy takes it after the apply, with the namespaces it made.
 	a.scopeProxy(ctx, m, true)
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opts.ApplyTimeout)
 	res := a.opts.Applier.Apply(actx, *m)
@@ -625,10 +625,11 @@ func (a *Agent) applyAndReport(ctx context.Context, conn *protocol.Conn, m *prot
 
 // scopeProxy narrows the API proxy to what the state m lets the hub's Kueue reach: its
 // workload namespaces, once they exist; those it dropped are out of reach (agent/proxy's
-// package doc says what becomes of what is left in them). Quiet, it logs nothing: a
-// namespace the apply has yet to make is no news.
-func (a *Agent) scopeProxy(ctx context.Context, m *protocol.DesiredState, quiet bool) {
-	if a.opts.Proxy == nil {
+// package doc says what becomes of what is left in them). Before an apply it scopes only
+// a proxy that has no scope, and logs nothing: a namespace the apply has yet to make is
+// no news.
+func (a *Agent) scopeProxy(ctx context.Context, m *protocol.DesiredState, beforeApply bool) {
+	if a.opts.Proxy == nil || beforeApply && a.opts.Proxy.Scope().Origin != "" {
 		return
 	}
 	var s proxy.Scope
@@ -638,7 +639,7 @@ func (a *Agent) scopeProxy(ctx context.Context, m *protocol.DesiredState, quiet 
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.opts.ApplyTimeout)
 	defer cancel()
 	excluded, err := a.opts.Proxy.SetScope(actx, s)
-	if quiet {
+	if beforeApply {
 		return
 	}
 	if err != nil {

@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
 )
 
 // The checks on the objects themselves, beyond what a request's path says: a create
@@ -84,7 +86,7 @@ func (h *Handler) guard(r *http.Request, req request, sc *scope) *httpError {
 			return herr
 		}
 		if got := labelOf(obj, OriginLabel); got != sc.origin {
-			return forbid("a create must carry the label %s=%s (it carries %q)", OriginLabel, sc.origin, clip(got))
+			return forbid("a create must carry the label %s=%s (it carries %q)", OriginLabel, sc.origin, protocol.Clip(got))
 		}
 		setBody(r, body, r.Header.Get("Content-Type"))
 		return nil
@@ -105,15 +107,9 @@ func (h *Handler) guard(r *http.Request, req request, sc *scope) *httpError {
 		} else {
 			opts["apiVersion"], opts["kind"] = "meta.k8s.io/v1", "DeleteOptions"
 		}
-		pre, _ := opts["preconditions"].(map[string]any)
-		if pre == nil {
-			pre = map[string]any{}
+		if herr := pinUID(child(opts, "preconditions"), uid, req); herr != nil {
+			return herr
 		}
-		if given, ok := pre["uid"].(string); ok && given != "" && given != string(uid) {
-			return conflict(req)
-		}
-		pre["uid"] = string(uid)
-		opts["preconditions"] = pre
 		return encodeBody(r, opts, mediaJSON)
 	case "update":
 		obj, herr := decodeObject(r.Header.Get("Content-Type"), body)
@@ -121,16 +117,16 @@ func (h *Handler) guard(r *http.Request, req request, sc *scope) *httpError {
 			return herr
 		}
 		if got := labelOf(obj, OriginLabel); got != sc.origin {
-			return forbid("an update must keep the label %s=%s (it carries %q)", OriginLabel, sc.origin, clip(got))
+			return forbid("an update must keep the label %s=%s (it carries %q)", OriginLabel, sc.origin, protocol.Clip(got))
 		}
-		if herr := pinUID(obj, uid, req); herr != nil {
+		if herr := pinUID(child(obj, "metadata"), uid, req); herr != nil {
 			return herr
 		}
 		return encodeBody(r, obj, mediaJSON)
 	default: // patch
 		media := mediaType(r.Header.Get("Content-Type"))
 		if media != mediaApply && media != mediaMerge {
-			return forbid("only server-side apply and merge patches are forwarded, not %s", clip(media))
+			return forbid("only server-side apply and merge patches are forwarded, not %s", protocol.Clip(media))
 		}
 		obj, herr := decodeObject(media, body)
 		if herr != nil {
@@ -145,7 +141,8 @@ func (h *Handler) guard(r *http.Request, req request, sc *scope) *httpError {
 				}
 			}
 		}
-		if herr := pinUID(obj, uid, req); herr != nil {
+		meta := child(obj, "metadata")
+		if herr := pinUID(meta, uid, req); herr != nil {
 			return herr
 		}
 		// A subresource's patch drops what it says of metadata, uid included: the
@@ -153,14 +150,10 @@ func (h *Handler) guard(r *http.Request, req request, sc *scope) *httpError {
 		// the precondition that holds there too. It is stricter than the UID (any
 		// change since the read refuses it, and MultiKueue retries), for the few
 		// milliseconds between the read and the write.
-		meta := obj["metadata"].(map[string]any)
 		if rv, _ := meta["resourceVersion"].(string); rv == "" {
 			meta["resourceVersion"] = live.ResourceVersion
 		}
-		if media == mediaApply {
-			// JSON is YAML: the apply patch goes on as JSON.
-			return encodeBody(r, obj, mediaApply)
-		}
+		// An apply patch goes on as JSON, which is YAML.
 		return encodeBody(r, obj, media)
 	}
 }
@@ -280,7 +273,7 @@ func (h *Handler) readBody(r *http.Request) ([]byte, *httpError) {
 // JSON.
 func decodeObject(contentType string, body []byte) (map[string]any, *httpError) {
 	unsupported := &httpError{code: http.StatusUnsupportedMediaType, reason: metav1.StatusReasonUnsupportedMediaType,
-		msg: fmt.Sprintf("a body of type %q is not forwarded", clip(contentType))}
+		msg: fmt.Sprintf("a body of type %q is not forwarded", protocol.Clip(contentType))}
 	malformed := &httpError{code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest, msg: "the request body does not decode"}
 	var obj map[string]any
 	switch mediaType(contentType) {
@@ -308,19 +301,25 @@ func decodeObject(contentType string, body []byte) (map[string]any, *httpError) 
 	return obj, nil
 }
 
-// pinUID sets the object's metadata.uid, which the API server holds immutable: an
-// update or patch of an object of another UID is refused.
-func pinUID(obj map[string]any, uid types.UID, req request) *httpError {
-	meta, _ := obj["metadata"].(map[string]any)
-	if meta == nil {
-		meta = map[string]any{}
-		obj["metadata"] = meta
-	}
-	if given, ok := meta["uid"].(string); ok && given != "" && given != string(uid) {
+// pinUID sets m's uid: an object's metadata.uid, which the API server holds immutable
+// (an update of an object of another UID is refused), or a delete's precondition. A
+// request that names another UID itself is a conflict.
+func pinUID(m map[string]any, uid types.UID, req request) *httpError {
+	if given, ok := m["uid"].(string); ok && given != "" && given != string(uid) {
 		return conflict(req)
 	}
-	meta["uid"] = string(uid)
+	m["uid"] = string(uid)
 	return nil
+}
+
+// child is the mapping under key in m, made when missing (or not a mapping).
+func child(m map[string]any, key string) map[string]any {
+	c, _ := m[key].(map[string]any)
+	if c == nil {
+		c = map[string]any{}
+		m[key] = c
+	}
+	return c
 }
 
 func conflict(req request) *httpError {

@@ -185,7 +185,7 @@ func New(opts Options) (*Handler, error) {
 		// the worker's log through the agent.
 		logEvery: rate.Sometimes{First: 10, Interval: 10 * time.Second},
 	}
-	h.scope.Store(closed)
+	h.scope.Store(&scope{})
 	if opts.ClusterRole != "" {
 		if msgs := validation.IsDNS1123Subdomain(opts.ClusterRole); len(msgs) > 0 {
 			return nil, fmt.Errorf("proxy: ClusterRole %q: %s", opts.ClusterRole, strings.Join(msgs, "; "))

@@ -10,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/flotilla-gitops/flotilla/agent/protocol"
 )
 
 // OriginLabel is the label Kueue's MultiKueue puts on everything it creates on a worker,
@@ -34,13 +36,12 @@ type Excluded struct {
 }
 
 // scope is a Scope in force: the namespaces as a set, narrowed as the package doc says.
+// Its zero value, the scope before the agent applied a desired state, admits nothing
+// but discovery.
 type scope struct {
 	origin     string
 	namespaces map[string]bool
 }
-
-// closed is the scope before the agent applied a desired state: nothing but discovery.
-var closed = &scope{}
 
 // narrow is s as the handler enforces it: the administrator's allowlist (when set)
 // intersected with s.Namespaces, less the namespaces no hub may reach whatever Git says.
@@ -49,9 +50,9 @@ func (h *Handler) narrow(s Scope) (*scope, []Excluded) {
 	if s.Origin == "" || len(validation.IsValidLabelValue(s.Origin)) > 0 {
 		var out []Excluded
 		for _, ns := range s.Namespaces {
-			out = append(out, Excluded{Namespace: ns, Reason: fmt.Sprintf("the hub sent no usable MultiKueue origin (%q)", clip(s.Origin))})
+			out = append(out, Excluded{Namespace: ns, Reason: fmt.Sprintf("the hub sent no usable MultiKueue origin (%q)", protocol.Clip(s.Origin))})
 		}
-		return closed, out
+		return &scope{}, out
 	}
 	sc := &scope{origin: s.Origin, namespaces: map[string]bool{}}
 	var out []Excluded
@@ -167,13 +168,4 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-// clip shortens what a peer sent before it is logged or repeated.
-func clip(s string) string {
-	const max = 64
-	if len(s) > max {
-		return s[:max] + "…"
-	}
-	return s
 }
