@@ -13,6 +13,8 @@ import (
 	"sync"
 
 	"k8s.io/utils/lru"
+
+	"github.com/flotilla-gitops/flotilla/reconciler/logbudget"
 )
 
 // DefaultMaxWebhookBody bounds a delivery's body. GitHub caps payloads at 25 MB; the hub
@@ -37,7 +39,11 @@ type WebhookOptions struct {
 	MaxBody int64
 	// Trigger is called for each accepted push or pull-request event.
 	Trigger func(Forge, string)
-	Log     *slog.Logger
+	// Refusals bounds the log lines of refused deliveries: anyone who reaches the
+	// webhook can send garbage as fast as the network carries it. The hub shares one
+	// among its sources' handlers; nil gives the handler one of its own.
+	Refusals *logbudget.Budget
+	Log      *slog.Logger
 }
 
 // WebhookHandler accepts deliveries from GitHub, Gitea and GitLab. A delivery only
@@ -57,6 +63,9 @@ func NewWebhookHandler(opts WebhookOptions) *WebhookHandler {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
+	if opts.Refusals == nil {
+		opts.Refusals = new(logbudget.Budget)
+	}
 	return &WebhookHandler{opts: opts, seen: lru.New(4096)}
 }
 
@@ -74,7 +83,7 @@ func (h *WebhookHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			h.opts.Log.Info("webhook refused", "forge", forge, "event", event, "delivery", delivery, "reason", "body too large", "limit", h.opts.MaxBody)
+			h.opts.Refusals.Log(h.opts.Log, slog.LevelInfo, "webhook refused", "forge", forge, "event", event, "delivery", delivery, "reason", "body too large", "limit", h.opts.MaxBody, "remote", r.RemoteAddr)
 			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
 			return
 		}
@@ -83,7 +92,7 @@ func (h *WebhookHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if reason != "" {
 		// The caller learns nothing about why; the operator does.
-		h.opts.Log.Info("webhook refused", "forge", forge, "event", event, "delivery", delivery, "reason", reason, "remote", r.RemoteAddr)
+		h.opts.Refusals.Log(h.opts.Log, slog.LevelInfo, "webhook refused", "forge", forge, "event", event, "delivery", delivery, "reason", reason, "remote", r.RemoteAddr)
 		http.Error(w, "unauthorized", http.StatusUnauthorized)
 		return
 	}

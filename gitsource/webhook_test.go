@@ -9,11 +9,15 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
+	"github.com/flotilla-gitops/flotilla/reconciler/logbudget"
+	"github.com/flotilla-gitops/flotilla/test/logtest"
 )
 
 const secret = "webhook-secret-of-the-test"
@@ -178,5 +182,40 @@ func TestNoSecretRefusesEverything(t *testing.T) {
 		if rec.Code != 401 {
 			t.Errorf("status %d, want 401", rec.Code)
 		}
+	}
+}
+
+// A flood of refused deliveries, to one source's webhook or spread over several, is not
+// a flood of log lines: the handlers share the budget the hub gives them.
+func TestAFloodOfRefusedDeliveriesIsLoggedWithinTheBudget(t *testing.T) {
+	var logs logtest.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	budget := &logbudget.Budget{PerSecond: 5}
+	handlers := []*gitsource.WebhookHandler{
+		gitsource.NewWebhookHandler(gitsource.WebhookOptions{Secret: []byte(secret), Refusals: budget, Log: log}),
+		gitsource.NewWebhookHandler(gitsource.WebhookOptions{Secret: []byte(secret), Refusals: budget, Log: log}),
+	}
+	const flood = 2000
+	start := time.Now()
+	for i := range flood {
+		d := github("push", strconv.Itoa(i), "sha256="+hmacHex("guess", `{"ref":"refs/heads/main"}`))
+		req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(d.body))
+		for k, v := range d.headers {
+			req.Header.Set(k, v)
+		}
+		rec := httptest.NewRecorder()
+		handlers[i%len(handlers)].ServeHTTP(rec, req)
+		if rec.Code != http.StatusUnauthorized {
+			t.Fatalf("delivery %d: status %d, want 401", i, rec.Code)
+		}
+	}
+	// Every second the flood touched may log its five.
+	seconds := int(time.Since(start)/time.Second) + 2
+	lines := strings.Count(logs.String(), "webhook refused")
+	if lines == 0 || lines > budget.PerSecond*seconds {
+		t.Fatalf("%d of %d refused deliveries logged over at most %d seconds; want between 1 and %d", lines, flood, seconds, budget.PerSecond*seconds)
+	}
+	if strings.Contains(logs.String(), secret) {
+		t.Fatal("the log holds the webhook secret")
 	}
 }

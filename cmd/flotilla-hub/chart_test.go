@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -222,6 +223,17 @@ func TestChartRefusesWhatCannotWork(t *testing.T) {
 		{"two sources writing one namespace", func(v map[string]any) {
 			v["sources"] = append(v["sources"].([]any), map[string]any{"name": "b", "url": "https://git.example.com/b.git", "tenant": "b", "namespace": "acme"})
 		}, "sources[1] (b): namespace acme is written by another source"},
+		{"two sources of one tenant", func(v map[string]any) {
+			v["sources"] = append(v["sources"].([]any), map[string]any{"name": "b", "url": "https://git.example.com/b.git", "tenant": "acme", "namespace": "b"})
+		}, "sources[1] (b): sources acme and b both follow tenant acme"},
+		{"one hub namespace claimed by two sources", func(v map[string]any) {
+			source(v, 0)["dispatch"] = map[string]any{"workloadNamespaces": []any{"ml"}}
+			v["sources"] = append(v["sources"].([]any), map[string]any{"name": "b", "url": "https://git.example.com/b.git", "tenant": "b",
+				"dispatch": map[string]any{"workloadNamespaces": []any{"ml"}}})
+		}, "sources[1] (b): sources acme and b both claim hub namespace ml"},
+		{"a hub namespace that is no namespace's name", func(v map[string]any) {
+			source(v, 0)["dispatch"] = map[string]any{"workloadNamespaces": []any{"ML"}}
+		}, "/sources/0/dispatch/workloadNamespaces/0"},
 		{"an Ingress without hosts", func(v map[string]any) { v["ingress"] = map[string]any{"enabled": true} },
 			"ingress.hosts: an Ingress for the webhooks and plans needs the host names"},
 		// The schema's refusals, checked before any template runs.
@@ -238,6 +250,8 @@ func TestChartRefusesWhatCannotWork(t *testing.T) {
 		}, "/dispatch/url"},
 		{"a poll that is no duration", func(v map[string]any) { source(v, 0)["poll"] = "hourly" },
 			"/sources/0/poll"},
+		{"a negative bound of connections", func(v map[string]any) { v["connections"] = map[string]any{"proxy": map[string]any{"max": -1}} },
+			"/connections/proxy/max"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -832,6 +846,180 @@ func TestChartAppliesToARealAPIServer(t *testing.T) {
 			}
 			if got := dep.Spec.Template.Spec.Volumes[0].Projected; got == nil || len(got.Sources) < 3 {
 				t.Errorf("the stored Deployment's volume is %+v", dep.Spec.Template.Spec.Volumes[0])
+			}
+		})
+	}
+}
+
+// The bounds of each listener's connections reach the hub's configuration; what the
+// values leave out keeps the hub's default.
+func TestChartPassesTheConnectionBoundsToTheHub(t *testing.T) {
+	v := minimalValues(t)
+	v["connections"] = map[string]any{"tunnel": map[string]any{"max": 50000}, "proxy": map[string]any{"max": 64, "idleTimeout": "30s"}}
+	path, _ := hubFiles(t, renderHub(t, v), t.TempDir())
+	cfg, err := LoadConfig(path)
+	if err != nil {
+		t.Fatalf("the hub refuses the chart's configuration: %v", err)
+	}
+	for name, tt := range map[string]struct{ got, want ListenerLimits }{
+		"tunnel": {cfg.Connections.Tunnel, ListenerLimits{Max: 50000, IdleTimeout: Duration(defaultIdleTimeout)}},
+		"http":   {cfg.Connections.HTTP, ListenerLimits{Max: defaultHTTPConnections, IdleTimeout: Duration(defaultIdleTimeout)}},
+		"proxy":  {cfg.Connections.Proxy, ListenerLimits{Max: 64, IdleTimeout: Duration(30 * time.Second)}},
+	} {
+		if tt.got != tt.want {
+			t.Errorf("connections.%s = %+v, want %+v", name, tt.got, tt.want)
+		}
+	}
+}
+
+// coversPort reports whether a NetworkPolicy rule's ports take in a container port: a
+// rule without ports takes in every one.
+func coversPort(rule networkingv1.NetworkPolicyIngressRule, cp corev1.ContainerPort) bool {
+	if len(rule.Ports) == 0 {
+		return true
+	}
+	for _, p := range rule.Ports {
+		if cmpProtocol(p.Protocol) != cmpProtocol(&cp.Protocol) {
+			continue
+		}
+		switch {
+		case p.Port == nil:
+			return true
+		case p.Port.Type == intstr.String && p.Port.StrVal == cp.Name:
+			return true
+		case p.Port.Type == intstr.Int && p.EndPort != nil && p.Port.IntVal <= cp.ContainerPort && cp.ContainerPort <= *p.EndPort:
+			return true
+		case p.Port.Type == intstr.Int && p.Port.IntVal == cp.ContainerPort:
+			return true
+		}
+	}
+	return false
+}
+
+// cmpProtocol is a protocol as the API server defaults it.
+func cmpProtocol(p *corev1.Protocol) corev1.Protocol {
+	if p == nil || *p == "" {
+		return corev1.ProtocolTCP
+	}
+	return *p
+}
+
+// admits reports whether a rule admits a Pod with podLabels in namespace ns, the
+// policy's own namespace being policyNS. A rule without peers admits every source, and
+// an address block is taken to admit any Pod.
+func admits(t *testing.T, rule networkingv1.NetworkPolicyIngressRule, policyNS, ns string, podLabels labels.Set) bool {
+	t.Helper()
+	if len(rule.From) == 0 {
+		return true
+	}
+	matches := func(s *metav1.LabelSelector, l labels.Set) bool {
+		sel, err := metav1.LabelSelectorAsSelector(s)
+		if err != nil {
+			t.Fatalf("selector %+v: %v", s, err)
+		}
+		return sel.Matches(l)
+	}
+	for _, peer := range rule.From {
+		if peer.IPBlock != nil {
+			return true
+		}
+		inNamespace := ns == policyNS
+		if peer.NamespaceSelector != nil {
+			inNamespace = matches(peer.NamespaceSelector, labels.Set{corev1.LabelMetadataName: ns})
+		}
+		if inNamespace && (peer.PodSelector == nil || matches(peer.PodSelector, podLabels)) {
+			return true
+		}
+	}
+	return false
+}
+
+// The API proxy holds a token for every worker's Kubernetes API. With networkPolicy on,
+// its port admits the hub's Kueue alone, and every other port of the hub's Pods stays
+// open to its callers, from anywhere. The ports are the rendered Deployment's, so that
+// a port added without a rule fails here; the policy is off unless asked for.
+func TestChartNetworkPolicyAdmitsOnlyKueueToTheProxyAndLeavesEveryOtherPortOpen(t *testing.T) {
+	for _, c := range ciValues(t, hubChart) {
+		if nps := renderHub(t, c.values).OfKind("NetworkPolicy"); len(nps) != 0 {
+			t.Errorf("ci/%s-values.yaml renders %d NetworkPolicies; want none unless networkPolicy.enabled", c.name, len(nps))
+		}
+	}
+	kueuePod := labels.Set{"app.kubernetes.io/name": "kueue", "control-plane": "controller-manager", "pod-template-hash": "5d8f7c"}
+	type tcase struct {
+		name           string
+		values         map[string]any
+		kueueNamespace string
+		kueuePod       labels.Set
+	}
+	var tests []tcase
+	for _, c := range ciValues(t, hubChart) {
+		c.values["networkPolicy"] = map[string]any{"enabled": true}
+		tests = append(tests, tcase{c.name, c.values, "kueue-system", kueuePod})
+	}
+	own := ciValuesOf(t, "dispatch")
+	own["dispatch"].(map[string]any)["kueueNamespace"] = "batch-kueue"
+	own["networkPolicy"] = map[string]any{"enabled": true, "kueuePodSelector": map[string]any{"matchLabels": map[string]any{"app": "hub-kueue"}}}
+	tests = append(tests, tcase{"a Kueue of its own labels and namespace", own, "batch-kueue", labels.Set{"app": "hub-kueue"}})
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			objs := renderHub(t, tt.values)
+			dep := one[appsv1.Deployment](t, objs, "Deployment", hubRelease)
+			np := one[networkingv1.NetworkPolicy](t, objs, "NetworkPolicy", hubRelease)
+			pod := labels.Set(dep.Spec.Template.Labels)
+			sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+			if err != nil || !sel.Matches(pod) || !sel.Matches(labels.Merge(pod, labels.Set{leader.Label: "true"})) {
+				t.Errorf("the policy selects %v (%v); want the hub's Pods %v, leading or not", np.Spec.PodSelector, err, pod)
+			}
+			if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+				t.Errorf("policy types %v; want Ingress alone, the hub's own requests unrestricted", np.Spec.PolicyTypes)
+			}
+			// The proxy's port is the one its Service targets.
+			proxyPort := ""
+			if svc := objs.Find("Service", hubRelease+"-proxy"); svc != nil {
+				proxyPort = helmtest.Typed[corev1.Service](t, svc).Spec.Ports[0].TargetPort.StrVal
+			}
+			ports := dep.Spec.Template.Spec.Containers[0].Ports
+			if proxyPort != "" && !slices.ContainsFunc(ports, func(p corev1.ContainerPort) bool { return p.Name == proxyPort }) {
+				t.Fatalf("the proxy Service targets port %q, which the Deployment does not have: %v", proxyPort, ports)
+			}
+			for _, cp := range ports {
+				var rules []networkingv1.NetworkPolicyIngressRule
+				for _, r := range np.Spec.Ingress {
+					if coversPort(r, cp) {
+						rules = append(rules, r)
+					}
+				}
+				admitted := func(ns string, l labels.Set) bool {
+					return slices.ContainsFunc(rules, func(r networkingv1.NetworkPolicyIngressRule) bool { return admits(t, r, hubNamespace, ns, l) })
+				}
+				if cp.Name != proxyPort {
+					if !slices.ContainsFunc(rules, func(r networkingv1.NetworkPolicyIngressRule) bool { return len(r.From) == 0 }) {
+						t.Errorf("port %s (%d) is not open to every caller: the rules that take it in are %+v", cp.Name, cp.ContainerPort, rules)
+					}
+					continue
+				}
+				for _, caller := range []struct {
+					what string
+					ns   string
+					pod  labels.Set
+					want bool
+				}{
+					{"the hub's Kueue", tt.kueueNamespace, tt.kueuePod, true},
+					{"another Pod in Kueue's namespace", tt.kueueNamespace, labels.Set{"app": "other"}, false},
+					{"a Pod labelled like Kueue elsewhere", "tenant-a", tt.kueuePod, false},
+					{"a Pod in the hub's namespace", hubNamespace, labels.Set{"app": "other"}, false},
+					{"another replica of the hub", hubNamespace, pod, false},
+				} {
+					if got := admitted(caller.ns, caller.pod); got != caller.want {
+						t.Errorf("the proxy's port admits %s (%s, %v): %t, want %t", caller.what, caller.ns, caller.pod, got, caller.want)
+					}
+				}
+			}
+			// The API server takes the policy as rendered: its named ports, its selectors.
+			np.Namespace, np.ResourceVersion = "default", ""
+			if err := planes[0].Client.Create(t.Context(), np, client.DryRunAll); err != nil {
+				t.Errorf("the API server refuses the NetworkPolicy: %v", err)
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/flotilla-gitops/flotilla/reconciler/hubclient"
 )
@@ -41,6 +42,22 @@ type Config struct {
 		// HTTP serves /healthz, /readyz, /metrics, the webhooks and the plan pages.
 		HTTP string `yaml:"http"`
 	} `yaml:"listen"`
+	// Connections bound what each listener holds open: whoever reaches a listener (any
+	// pod that reaches the API proxy's ClusterIP, say) must not hold connections until
+	// the hub runs out of file descriptors, the agents' tunnels with it.
+	Connections struct {
+		// Tunnel: one connection per agent for as long as it runs. The default max,
+		// 20,000, admits a fleet of 10,000 clusters twice over, room for agents that
+		// redial before the hub has noticed their old connection gone.
+		Tunnel ListenerLimits `yaml:"tunnel"`
+		// HTTP: probes, scrapes, the forges' webhooks and the plan pages, each a short
+		// request. Default max 1,024.
+		HTTP ListenerLimits `yaml:"http"`
+		// Proxy: the hub's Kueue alone. Its clients of the workers share their
+		// connections when they trust one CA, as the kubeconfigs the hub writes do,
+		// and carry many watches each over HTTP/2. Default max 1,024.
+		Proxy ListenerLimits `yaml:"proxy"`
+	} `yaml:"connections"`
 	TLS struct {
 		CertFile string `yaml:"certFile"`
 		KeyFile  string `yaml:"keyFile"`
@@ -143,6 +160,28 @@ type Config struct {
 	Sources []SourceConfig `yaml:"sources"`
 }
 
+// ListenerLimits bound one listener's connections; zero keeps the default.
+type ListenerLimits struct {
+	// Max is how many connections the listener holds open at once. One more is
+	// accepted and closed at once, and counted in flotilla_hub_connections_refused_total.
+	Max int `yaml:"max"`
+	// IdleTimeout closes a connection that has carried no request for this long, over
+	// HTTP/1.1 and HTTP/2 alike. A request under way is never cut however long it
+	// lasts (a watch through the proxy lasts hours), nor is a tunnel once upgraded.
+	// Default 2m: longer than the 90 s after which client-go and Go's own clients
+	// drop an idle connection, so that they drop it first and never send a request on
+	// a connection the hub is closing.
+	IdleTimeout Duration `yaml:"idleTimeout"`
+}
+
+// The default bounds of the listeners' connections (Config.Connections).
+const (
+	defaultTunnelConnections = 20_000
+	defaultHTTPConnections   = 1_024
+	defaultProxyConnections  = 1_024
+	defaultIdleTimeout       = 2 * time.Minute
+)
+
 // FetchLimits bound one fetch; zero keeps the default.
 type FetchLimits struct {
 	MaxBytes   int64 `yaml:"maxBytes"`
@@ -168,6 +207,20 @@ type SourceConfig struct {
 		KnownHostsFile  string `yaml:"knownHostsFile"`
 		TrustedKeysFile string `yaml:"trustedKeysFile"`
 	} `yaml:"git"`
+	// Dispatch is what the hub's dispatch gives the source's tenant.
+	Dispatch struct {
+		// WorkloadNamespaces are the namespaces on the hub cluster that the tenant owns
+		// for its jobs. Of the workload namespaces its fleet.yaml names, the hub's
+		// dispatch creates (labelled flotilla.dev/tenant=<tenant>) and fills with the
+		// LocalQueues of the tenant's dispatch pools only these, so that which tenant
+		// submits where is the operator's word, never the first tenant's to sync. A
+		// namespace fleet.yaml names that is not listed here gets no LocalQueue, and
+		// the fleet's summary says to add it here. No two sources may list one
+		// namespace, nor any list kube-*, default, kueue-system, jobset-system, the
+		// hub's own namespaces or a source's namespace. Empty: the tenant queues
+		// nowhere on the hub.
+		WorkloadNamespaces []string `yaml:"workloadNamespaces"`
+	} `yaml:"dispatch"`
 	Statuses struct {
 		// Kind is notes (the default: git notes in the repository), github, gitea,
 		// gitlab, or none.
@@ -256,6 +309,25 @@ func (c *Config) check() error {
 			return errors.New("dispatch.resumeWindow must not be negative")
 		}
 	}
+	for _, l := range []struct {
+		name   string
+		limits *ListenerLimits
+		max    int
+	}{
+		{"tunnel", &c.Connections.Tunnel, defaultTunnelConnections},
+		{"http", &c.Connections.HTTP, defaultHTTPConnections},
+		{"proxy", &c.Connections.Proxy, defaultProxyConnections},
+	} {
+		if l.limits.Max < 0 || l.limits.IdleTimeout < 0 {
+			return fmt.Errorf("connections.%s: max and idleTimeout must not be negative", l.name)
+		}
+		if l.limits.Max == 0 {
+			l.limits.Max = l.max
+		}
+		if l.limits.IdleTimeout == 0 {
+			l.limits.IdleTimeout = Duration(defaultIdleTimeout)
+		}
+	}
 	switch {
 	case c.KubeAPI.QPS < 0 || c.KubeAPI.Burst < 0:
 		return errors.New("kubeAPI: qps and burst must not be negative")
@@ -288,7 +360,7 @@ func (c *Config) check() error {
 	if len(c.Sources) == 0 {
 		return errors.New("sources: no fleet repository to follow")
 	}
-	names, namespaces := map[string]bool{}, map[string]bool{}
+	names, namespaces, tenants := map[string]bool{}, map[string]bool{}, map[string]string{}
 	for i := range c.Sources {
 		s := &c.Sources[i]
 		where := fmt.Sprintf("sources[%d]", i)
@@ -301,6 +373,15 @@ func (c *Config) check() error {
 			return fmt.Errorf("%s.url is required", where)
 		case s.Tenant == "":
 			return fmt.Errorf("%s.tenant is required", where)
+		case len(validation.IsDNS1123Label(s.Tenant)) > 0:
+			// It labels the tenant's objects on the hub, names its namespace by default,
+			// and is the part before the dot of its dispatch pools' names: a dot or a
+			// capital would make those ambiguous or invalid.
+			return fmt.Errorf("%s.tenant: %q is not a DNS label (lower-case letters, digits and '-', at most 63 characters)", where, s.Tenant)
+		case tenants[s.Tenant] != "":
+			// Each source's dispatch prunes the tenant's hub objects that its own fleet
+			// does not ask for: two would prune each other's.
+			return fmt.Errorf("%s: sources %s and %s both follow tenant %s; give each tenant one source", where, tenants[s.Tenant], s.Name, s.Tenant)
 		}
 		if u, err := url.Parse(s.URL); err == nil && u.User != nil {
 			if _, hasPassword := u.User.Password(); hasPassword {
@@ -326,7 +407,44 @@ func (c *Config) check() error {
 		default:
 			return fmt.Errorf("%s.statuses.kind: %q is none of notes, github, gitea, gitlab, none", where, s.Statuses.Kind)
 		}
-		names[s.Name], namespaces[s.Namespace] = true, true
+		names[s.Name], namespaces[s.Namespace], tenants[s.Tenant] = true, true, s.Name
+	}
+	return c.checkWorkloadNamespaces(namespaces)
+}
+
+// checkWorkloadNamespaces refuses a hub workload namespace that is no namespace's name,
+// that two sources claim, or that is the hub's, Kubernetes', Kueue's, JobSet's or a
+// source's own: whoever submits jobs to a tenant's queues needs to write there.
+func (c *Config) checkWorkloadNamespaces(sourceNamespaces map[string]bool) error {
+	reserved := map[string]string{"default": "Kubernetes'", "kueue-system": "Kueue's", "jobset-system": "JobSet's"}
+	for _, ns := range []string{c.Dispatch.Namespace, c.LeaderElection.Namespace} {
+		if ns != "" {
+			reserved[ns] = "the hub's"
+		}
+	}
+	if ns := c.Dispatch.KueueNamespace; ns != "" {
+		reserved[ns] = "Kueue's"
+	}
+	owner := map[string]string{}
+	for i, s := range c.Sources {
+		for j, ns := range s.Dispatch.WorkloadNamespaces {
+			where := fmt.Sprintf("sources[%d].dispatch.workloadNamespaces[%d]", i, j)
+			switch {
+			case len(validation.IsDNS1123Label(ns)) > 0:
+				return fmt.Errorf("%s: %q is not a namespace's name (a DNS label)", where, ns)
+			case strings.HasPrefix(ns, "kube-"):
+				return fmt.Errorf("%s: %s is Kubernetes' own; give the tenant a namespace for its jobs", where, ns)
+			case reserved[ns] != "":
+				return fmt.Errorf("%s: %s is %s own; give the tenant a namespace for its jobs", where, ns, reserved[ns])
+			case sourceNamespaces[ns]:
+				return fmt.Errorf("%s: %s is a source's namespace, which holds its WorkerClusters and the agents' credentials; give the tenant a namespace for its jobs", where, ns)
+			case owner[ns] == s.Name:
+				return fmt.Errorf("%s: %s is listed twice", where, ns)
+			case owner[ns] != "":
+				return fmt.Errorf("%s: sources %s and %s both claim hub namespace %s; a namespace is one tenant's", where, owner[ns], s.Name, ns)
+			}
+			owner[ns] = s.Name
+		}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +54,22 @@ func TestLoadConfig(t *testing.T) {
 	}
 }
 
+// Which hub namespaces each tenant queues in is said per source; two sources claim
+// none of the same.
+func TestLoadConfigGivesEachSourceItsHubNamespaces(t *testing.T) {
+	c, err := LoadConfig(writeConfig(t, goodConfig+"  dispatch:\n    workloadNamespaces: [ml, ml-batch]\n"+
+		"- name: beta\n  url: https://git.example/beta.git\n  tenant: beta\n  dispatch:\n    workloadNamespaces: [ml-beta]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Sources[0].Dispatch.WorkloadNamespaces; !slices.Equal(got, []string{"ml", "ml-batch"}) {
+		t.Errorf("acme's hub namespaces %v", got)
+	}
+	if got := c.Sources[1].Dispatch.WorkloadNamespaces; !slices.Equal(got, []string{"ml-beta"}) {
+		t.Errorf("beta's hub namespaces %v", got)
+	}
+}
+
 func writeKubeconfig(t *testing.T) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "kubeconfig")
@@ -85,6 +102,21 @@ func TestLoadConfigRefuses(t *testing.T) {
 		{"a negative plan deadline", func(s string) string { return s + "plans:\n  timeout: -1s\n" }, "plans: timeout"},
 		{"a negative fetch deadline", func(s string) string { return s + "heads:\n  fetch:\n    timeout: -1s\n" }, "heads: fetch: timeout"},
 		{"a negative cluster budget", func(s string) string { return s + "heads:\n  maxClusterBytes: -1\n" }, "maxClusterBytes"},
+		{"two sources of one tenant, naming both", func(s string) string {
+			return s + "- name: other\n  url: https://git.example/other.git\n  tenant: acme\n  namespace: other\n"
+		}, "sources acme and other both follow tenant acme"},
+		{"a tenant with a dot", func(s string) string { return strings.Replace(s, "tenant: acme", "tenant: acme.us", 1) }, `"acme.us" is not a DNS label`},
+		{"a tenant in capitals", func(s string) string { return strings.Replace(s, "tenant: acme", "tenant: Acme", 1) }, `"Acme" is not a DNS label`},
+		{"one hub namespace claimed by two sources, naming both", func(s string) string {
+			return s + "  dispatch:\n    workloadNamespaces: [ml]\n- name: beta\n  url: https://git.example/beta.git\n  tenant: beta\n  dispatch:\n    workloadNamespaces: [ml]\n"
+		}, "sources acme and beta both claim hub namespace ml"},
+		{"a hub namespace of Kubernetes", func(s string) string { return s + "  dispatch:\n    workloadNamespaces: [kube-public]\n" }, "kube-public is Kubernetes' own"},
+		{"Kueue's namespace", func(s string) string { return s + "  dispatch:\n    workloadNamespaces: [kueue-system]\n" }, "kueue-system is Kueue's own"},
+		{"the hub's namespace", func(s string) string {
+			return s + "  dispatch:\n    workloadNamespaces: [flotilla-system]\nleaderElection:\n  enabled: true\n  namespace: flotilla-system\n"
+		}, "flotilla-system is the hub's own"},
+		{"a source's namespace", func(s string) string { return s + "  dispatch:\n    workloadNamespaces: [acme]\n" }, "acme is a source's namespace"},
+		{"a hub namespace that is no namespace's name", func(s string) string { return s + "  dispatch:\n    workloadNamespaces: [ML]\n" }, `"ML" is not a namespace's name`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"time"
@@ -32,11 +30,13 @@ type dispatchParts struct {
 	authority  *servingca.Authority
 	dispatcher *dispatch.Dispatcher
 	server     *http.Server
+	// limit bounds the proxy's connections.
+	limit limitOptions
 }
 
 // newDispatch makes the proxy's CA, the proxy and the dispatcher; serve loads or
 // creates the CA, on the leader.
-func newDispatch(cfg *Config, c client.Client, tun *tunnel.Server, status *conditions.Writer, log *slog.Logger) (*dispatchParts, error) {
+func newDispatch(cfg *Config, c client.Client, tun *tunnel.Server, status *conditions.Writer, m *metrics, log *slog.Logger) (*dispatchParts, error) {
 	d := cfg.Dispatch
 	u, _ := url.Parse(d.URL) // checked with the configuration
 	authority, err := servingca.New(servingca.Options{Client: c, Secret: types.NamespacedName{Namespace: d.Namespace, Name: d.CASecret},
@@ -50,11 +50,9 @@ func newDispatch(cfg *Config, c client.Client, tun *tunnel.Server, status *condi
 		return nil, err
 	}
 	proxy := tunnel.NewProxy(tun, tunnel.ProxyOptions{ResumeWindow: time.Duration(d.ResumeWindow), Log: log})
-	// A watch through the proxy lasts as long as Kueue keeps it: no write or idle
-	// timeout; only the request's header is bounded.
-	server := &http.Server{Addr: d.Listen, Handler: proxy, ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: authority.GetCertificate}}
-	return &dispatchParts{authority: authority, dispatcher: dispatcher, server: server}, nil
+	lim := cfg.Connections.Proxy
+	return &dispatchParts{authority: authority, dispatcher: dispatcher, server: proxyServer(d.Listen, proxy, authority.GetCertificate, lim),
+		limit: limitOptions{Name: "proxy", Max: lim.Max, Counts: m.connections("proxy", lim.Max), Log: log}}, nil
 }
 
 // serve runs the proxy, the CA's rotation and the watch of Kueue's judgements until ctx
@@ -63,7 +61,7 @@ func (p *dispatchParts) serve(ctx context.Context, rc *rest.Config, scheme *runt
 	if err := p.authority.Reconcile(ctx); err != nil {
 		return err
 	}
-	l, err := net.Listen("tcp", p.server.Addr)
+	l, err := listen(ctx, p.server.Addr, p.limit)
 	if err != nil {
 		return fmt.Errorf("the API proxy's listener: %w", err)
 	}

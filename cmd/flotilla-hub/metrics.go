@@ -23,6 +23,10 @@ type metrics struct {
 	clusters *prometheus.HistogramVec
 	webhook  *prometheus.CounterVec
 	statuses *prometheus.CounterVec
+	// The connections of each listener (limitListener).
+	connOpen    *prometheus.GaugeVec
+	connMax     *prometheus.GaugeVec
+	connRefused *prometheus.CounterVec
 }
 
 // newMetrics registers the hub's metrics; c is the cache WorkerClusters are counted from.
@@ -47,8 +51,17 @@ func newMetrics(reg *prometheus.Registry, c client.Reader) *metrics {
 		statuses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flotilla_hub_commit_statuses_posted_total", Help: "Commit statuses posted, by source, state and result.",
 		}, []string{"source", "state", "result"}),
+		connOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "flotilla_hub_connections_open", Help: "Connections open, by listener (tunnel, http, proxy).",
+		}, []string{"listener"}),
+		connMax: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "flotilla_hub_connections_max", Help: "The most connections a listener holds open at once (connections.<listener>.max).",
+		}, []string{"listener"}),
+		connRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_hub_connections_refused_total", Help: "Connections closed as soon as accepted because their listener held its most already.",
+		}, []string{"listener"}),
 	}
-	reg.MustRegister(m.syncs, m.fetches, m.clusters, m.webhook, m.statuses, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	reg.MustRegister(m.syncs, m.fetches, m.clusters, m.webhook, m.statuses, m.connOpen, m.connMax, m.connRefused, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&clusterCollector{c: c, desc: prometheus.NewDesc("flotilla_hub_clusters", "WorkerClusters by condition and status.", []string{"namespace", "condition", "status"}, nil)})
 	return m
 }
@@ -76,6 +89,14 @@ func observe(h *prometheus.HistogramVec, source string, took time.Duration, err 
 func (m *metrics) connected(sessions func() int) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "flotilla_hub_connected_agents", Help: "Agents with a live tunnel."},
 		func() float64 { return float64(sessions()) }))
+}
+
+// connections are the metrics of one listener's connections, which hold at most max:
+// its series exist, at zero, from the start, so that a rate of refusals can be taken
+// from the first scrape on.
+func (m *metrics) connections(listener string, max int) connCounts {
+	m.connMax.WithLabelValues(listener).Set(float64(max))
+	return connCounts{open: m.connOpen.WithLabelValues(listener), refused: m.connRefused.WithLabelValues(listener)}
 }
 
 // statusQueue reports a source's queue of commit statuses: a forge that throttles the

@@ -4,12 +4,10 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -41,6 +39,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/reconciler/hubcache"
 	"github.com/flotilla-gitops/flotilla/reconciler/hubclient"
 	"github.com/flotilla-gitops/flotilla/reconciler/leader"
+	"github.com/flotilla-gitops/flotilla/reconciler/logbudget"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/secrets"
@@ -120,7 +119,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	var disp *dispatchParts
 	var dispatcher hub.Dispatcher
 	if cfg.Dispatch.Listen != "" {
-		if disp, err = newDispatch(cfg, c, tun, status, log); err != nil {
+		if disp, err = newDispatch(cfg, c, tun, status, m, log); err != nil {
 			return err
 		}
 		dispatcher = disp.dispatcher
@@ -139,6 +138,9 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	var sources []*hub.Source
 	// Sources that post statuses with one credential share its budget at the forge.
 	budgets := map[string]*commitstatus.Budget{}
+	// The webhooks of every source share one budget of log lines for refused
+	// deliveries: a flood spread over the sources logs no more than one at one.
+	webhookRefusals := new(logbudget.Budget)
 	for _, sc := range cfg.Sources {
 		src, err := addSource(ctx, h, sc, cfg, m, budgets)
 		if err != nil {
@@ -150,7 +152,8 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			if err != nil {
 				return fmt.Errorf("source %s: webhook secret: %w", sc.Name, err)
 			}
-			wh := gitsource.NewWebhookHandler(gitsource.WebhookOptions{Secret: []byte(secret), Trigger: func(gitsource.Forge, string) { src.Trigger() }, Log: log.With("source", sc.Name)})
+			wh := gitsource.NewWebhookHandler(gitsource.WebhookOptions{Secret: []byte(secret), Trigger: func(gitsource.Forge, string) { src.Trigger() },
+				Refusals: webhookRefusals, Log: log.With("source", sc.Name)})
 			mux.Handle("POST /webhooks/"+sc.Name, m.webhooks(sc.Name, wh))
 		}
 	}
@@ -170,14 +173,17 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle(plan.PathPrefix, plans)
 	mux.Handle(hub.CommitsPathPrefix, h.CommitPages())
-	// Requests here are small and answered at once: a client that trickles its request
-	// in, or holds an idle connection, is cut off. Webhook bodies are read whole before
-	// their signature can be checked, so reading them is bounded in time too.
-	httpSrv := &http.Server{Addr: cfg.Listen.HTTP, Handler: mux, ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout: 30 * time.Second, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+	conns := cfg.Connections
+	httpL, err := listen(ctx, cfg.Listen.HTTP, limitOptions{Name: "http", Max: conns.HTTP.Max, Counts: m.connections("http", conns.HTTP.Max), Log: log})
+	if err != nil {
+		return fmt.Errorf("the HTTP listener: %w", err)
+	}
+	httpSrv := httpServer(cfg.Listen.HTTP, mux, conns.HTTP)
 	httpErr := make(chan error, 1)
-	go func() { httpErr <- httpSrv.ListenAndServe() }()
+	go func() { httpErr <- httpSrv.Serve(httpL) }()
 	defer httpSrv.Close()
+	// Counted on every replica, so that the series exist before a replica leads.
+	tunnelLimit := limitOptions{Name: "tunnel", Max: conns.Tunnel.Max, Counts: m.connections("tunnel", conns.Tunnel.Max), Log: log}
 
 	var elector *leader.Elector
 	if le := cfg.LeaderElection; le.Enabled {
@@ -189,19 +195,16 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	lead := func(ctx context.Context) error {
 		tmux := http.NewServeMux()
 		tmux.Handle(protocol.Path, tun)
-		// The upgrade request is bounded like any other; the tunnel it becomes must stay
-		// open, so the upgrade clears these deadlines and no write timeout is set: the
-		// tunnel's heartbeats and send deadlines judge it from then on.
-		ts := &http.Server{Addr: cfg.Listen.Tunnel, Handler: tmux, ReadHeaderTimeout: 10 * time.Second,
-			ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
-		l, err := net.Listen("tcp", cfg.Listen.Tunnel)
+		ts := tunnelServer(cfg.Listen.Tunnel, tmux, conns.Tunnel)
+		// A tunnel's websocket, hijacked from the server, still closes through the
+		// listener's connection: the bound counts it until the tunnel ends.
+		l, err := listen(ctx, cfg.Listen.Tunnel, tunnelLimit)
 		if err != nil {
 			return fmt.Errorf("the tunnel listener: %w", err)
 		}
 		tunErr := make(chan error, 1)
 		go func() {
 			if cfg.TLS.CertFile != "" {
-				ts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 				tunErr <- ts.ServeTLS(l, cfg.TLS.CertFile, cfg.TLS.KeyFile)
 				return
 			}
@@ -295,7 +298,7 @@ func addSource(ctx context.Context, h *hub.Hub, sc SourceConfig, cfg *Config, m 
 		backend = m.countStatuses(sc.Name, backend)
 	}
 	threshold := cmp.Or(sc.Statuses.SummaryThreshold, cfg.Statuses.SummaryThreshold)
-	src, err := h.AddSource(hub.SourceOptions{Name: sc.Name, Git: opts, Tenant: sc.Tenant, Namespace: sc.Namespace, Statuses: backend, Limits: limits, Budget: budget,
+	src, err := h.AddSource(hub.SourceOptions{Name: sc.Name, Git: opts, Tenant: sc.Tenant, Namespace: sc.Namespace, HubNamespaces: sc.Dispatch.WorkloadNamespaces, Statuses: backend, Limits: limits, Budget: budget,
 		SummaryThreshold: threshold, Poll: time.Duration(sc.Poll), PullRequests: lister})
 	if err != nil {
 		return nil, err

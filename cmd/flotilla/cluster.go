@@ -146,50 +146,117 @@ func (o *clusterAddOptions) run(out io.Writer, name string) error {
 }
 
 func newClusterRotateTokenCommand() *cobra.Command {
-	var dir string
+	var (
+		dir    string
+		revoke bool
+	)
 	cmd := &cobra.Command{
-		Use:   "rotate-token NAME",
-		Short: "Give a cluster a new enrollment token",
+		Use:   "rotate-token NAME [--revoke]",
+		Short: "Give a cluster a new enrollment token, and with --revoke cut off its agent's credential",
 		Long: "rotate-token replaces clusters/NAME/enrollment.sops.yaml with a new token and\n" +
 			"writes a new values.NAME.local.yaml. Once the hub has read the commit, only the new\n" +
-			"token enrolls the cluster.",
+			"token enrolls the cluster; the running agent keeps its credential until then.\n\n" +
+			"--revoke also raises spec.revocation in clusters/NAME/cluster.yaml: once merged, the\n" +
+			"hub refuses and disconnects every agent credential it issued before, whoever holds\n" +
+			"it, until the agent is installed with the new values file. Use it when a credential\n" +
+			"or a worker may be compromised. Nothing else of the cluster changes: its jobs keep\n" +
+			"running, nothing is drained or pruned.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			name := args[0]
-			f, err := loadFleetForEdit(dir)
-			if err != nil {
-				return err
-			}
-			if err := checkClusterName(name); err != nil {
-				return err
-			}
-			if _, ok := f.Clusters[name]; !ok {
-				return fmt.Errorf("no cluster %q under %s/; add it with `flotilla cluster add`", name, fleet.ClustersDir)
-			}
-			valuesFile, err := checkValuesIgnored(dir, name)
-			if err != nil {
-				return err
-			}
-			tok, err := secrets.NewToken()
-			if err != nil {
-				return err
-			}
-			enrollment, err := encryptFor(dir, name, tok)
-			if err != nil {
-				return err
-			}
-			if err := writeFileAtomic(filepath.Join(dir, fleet.ClustersDir, name, fleet.EnrollmentFile), enrollment, 0o644); err != nil {
-				return err
-			}
-			if err := writeValues(filepath.Join(dir, valuesFile), f, name, tok); err != nil {
-				return err
-			}
-			printHandover(cmd.OutOrStdout(), "Rotated the token of", f, name, valuesFile, tok)
-			return nil
+			return rotateToken(cmd.OutOrStdout(), dir, args[0], revoke)
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", ".", "the fleet repository's checkout")
+	cmd.Flags().BoolVar(&revoke, "revoke", false, "raise spec.revocation too, so that the hub refuses and disconnects the agent's current credential at the merge")
 	return cmd
+}
+
+func rotateToken(out io.Writer, dir, name string, revoke bool) error {
+	f, err := loadFleetForEdit(dir)
+	if err != nil {
+		return err
+	}
+	if err := checkClusterName(name); err != nil {
+		return err
+	}
+	c, ok := f.Clusters[name]
+	if !ok {
+		return fmt.Errorf("no cluster %q under %s/; add it with `flotilla cluster add`", name, fleet.ClustersDir)
+	}
+	valuesFile, err := checkValuesIgnored(dir, name)
+	if err != nil {
+		return err
+	}
+	var revocation int64
+	if revoke {
+		// The revocation is written first: a token rotated without it would leave the
+		// credential it was asked to cut off in force.
+		if revocation, err = raiseRevocation(f, c, dir); err != nil {
+			return err
+		}
+	}
+	tok, err := secrets.NewToken()
+	if err != nil {
+		return err
+	}
+	enrollment, err := encryptFor(dir, name, tok)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(dir, fleet.ClustersDir, name, fleet.EnrollmentFile), enrollment, 0o644); err != nil {
+		return err
+	}
+	if err := writeValues(filepath.Join(dir, valuesFile), f, name, tok); err != nil {
+		return err
+	}
+	printHandover(out, "Rotated the token of", f, name, valuesFile, tok)
+	if revoke {
+		fmt.Fprintf(out, "\nRaised spec.revocation to %d in %s. Once merged, the hub refuses and disconnects\n"+
+			"the agent's current credential, wherever it is used; the worker keeps running what it\n"+
+			"has, and its status says it needs %s until the agent is installed with it.\n", revocation, path.Join(c.Dir, fleet.ClusterFile), valuesFile)
+	}
+	return nil
+}
+
+// raiseRevocation raises spec.revocation in the cluster's cluster.yaml by one, keeping
+// every other byte, and returns the new count. The edit is judged by the loader the hub
+// uses; what it does not accept is undone.
+func raiseRevocation(f *fleet.Fleet, c *fleet.Cluster, dir string) (int64, error) {
+	rel := path.Join(c.Dir, fleet.ClusterFile)
+	if !c.Valid() {
+		return 0, fmt.Errorf("%s does not validate; fix it first:\n%s", c.Dir, c.Errors.Error())
+	}
+	file := filepath.Join(dir, filepath.FromSlash(rel))
+	info, err := os.Lstat(file)
+	if err != nil {
+		return 0, err
+	}
+	if !info.Mode().IsRegular() {
+		return 0, fmt.Errorf("%s:1:1: not a regular file; raise spec.revocation by hand", rel)
+	}
+	want := c.Object.Spec.Revocation + 1
+	old, err := os.ReadFile(file)
+	if err != nil {
+		return 0, err
+	}
+	data, err := setSpecScalar(old, "revocation", strconv.FormatInt(want, 10), "0")
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", rel, err)
+	}
+	if err := writeFileAtomic(file, data, info.Mode().Perm()); err != nil {
+		return 0, err
+	}
+	if got := f.LoadCluster(fleet.DirFS(dir), path.Base(c.Dir)); got == nil || !got.Valid() || got.Object.Spec.Revocation != want {
+		if err := writeFileAtomic(file, old, info.Mode().Perm()); err != nil {
+			return 0, fmt.Errorf("%s: the edit did not validate and restoring the file failed: %w", rel, err)
+		}
+		var msgs fleet.ErrorList
+		if got != nil {
+			msgs = got.Errors
+		}
+		return 0, fmt.Errorf("%s: setting revocation: %d does not give a valid cluster; the file is unchanged:\n%s", rel, want, msgs.Error())
+	}
+	return want, nil
 }
 
 // checkClusterName refuses a name that cannot be a cluster directory before anything
@@ -397,11 +464,16 @@ func cordon(out io.Writer, dir, name string, want bool) error {
 	return nil
 }
 
-// setCordoned sets spec.cordoned in a cluster.yaml, keeping every other byte. A file that
-// does not say cordoned is uncordoned; cordoning it adds the key as the first of spec, so
-// that no comment above another key is separated from it.
+// setCordoned sets spec.cordoned in a cluster.yaml, keeping every other byte.
 func setCordoned(data []byte, want bool) ([]byte, error) {
-	value := strconv.FormatBool(want)
+	return setSpecScalar(data, "cordoned", strconv.FormatBool(want), "false")
+}
+
+// setSpecScalar sets spec.KEY to value in a cluster.yaml, keeping every other byte. A
+// file that does not say KEY has it at absent, and is left alone for that value;
+// otherwise the key is added as the first of spec, so that no comment above another
+// key is separated from it.
+func setSpecScalar(data []byte, key, value, absent string) ([]byte, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, err
@@ -413,14 +485,14 @@ func setCordoned(data []byte, want bool) ([]byte, error) {
 	if spec == nil || spec.Kind != yaml.MappingNode {
 		return nil, errors.New("no spec mapping")
 	}
-	if k, _ := mappingEntry(spec, "cordoned"); k != nil {
-		return setRawScalar(data, value, "spec", "cordoned")
+	if k, _ := mappingEntry(spec, key); k != nil {
+		return setRawScalar(data, value, "spec", key)
 	}
-	if !want {
+	if value == absent {
 		return data, nil
 	}
 	if spec.Style&yaml.FlowStyle != 0 || len(spec.Content) == 0 || spec.Content[0].Line <= specKey.Line {
-		return nil, fmt.Errorf("%d:%d: spec is not a block mapping; add cordoned: true to it by hand", specKey.Line, specKey.Column)
+		return nil, fmt.Errorf("%d:%d: spec is not a block mapping; add %s: %s to it by hand", specKey.Line, specKey.Column, key, value)
 	}
 	lines := bytes.SplitAfter(data, []byte("\n"))
 	after := lines[specKey.Line-1]
@@ -432,9 +504,9 @@ func setCordoned(data []byte, want bool) ([]byte, error) {
 	firstLine := lines[first.Line-1]
 	indent := firstLine[:first.Column-1]
 	if len(bytes.Trim(indent, " ")) > 0 {
-		return nil, fmt.Errorf("%d:%d: spec is not indented with spaces; add cordoned: true to it by hand", first.Line, first.Column)
+		return nil, fmt.Errorf("%d:%d: spec is not indented with spaces; add %s: %s to it by hand", first.Line, first.Column, key, value)
 	}
-	inserted := string(indent) + "cordoned: " + value + eol
+	inserted := string(indent) + key + ": " + value + eol
 	return bytes.Join(slices.Insert(lines, specKey.Line, []byte(inserted)), nil), nil
 }
 

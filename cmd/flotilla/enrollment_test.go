@@ -248,6 +248,51 @@ func TestRotateTokenGivesANewTokenTheHubCanRead(t *testing.T) {
 	}
 }
 
+// --revoke raises the cluster's revocation counter, keeping every other byte of
+// cluster.yaml, each time it is run; the hub then refuses the credentials issued before.
+func TestRotateTokenRevokeRaisesTheRevocationCounter(t *testing.T) {
+	r := newHubRepo(t)
+	r.add(t, "gpu-east")
+	file := filepath.Join(r.dir, "clusters", "gpu-east", "cluster.yaml")
+	before, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for want := 1; want <= 2; want++ {
+		old := r.valuesToken(t, "gpu-east")
+		code, out, errOut := runCLI(t, "cluster", "rotate-token", "gpu-east", "--revoke", "--dir", r.dir)
+		if code != 0 {
+			t.Fatalf("rotate-token --revoke: exit %d: %s", code, errOut)
+		}
+		if tok := r.valuesToken(t, "gpu-east"); tok.Hash().Equal(old.Hash()) || !r.enrollmentHash(t, "gpu-east").Equal(tok.Hash()) {
+			t.Fatal("rotate-token --revoke did not give the cluster a new token")
+		}
+		if !strings.Contains(out, fmt.Sprintf("spec.revocation to %d", want)) {
+			t.Fatalf("the output does not say the new revocation %d:\n%s", want, out)
+		}
+		f, err := loadDir(r.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := f.Clusters["gpu-east"]
+		if c == nil || !c.Valid() {
+			t.Fatalf("cluster gpu-east does not load after rotate-token --revoke: %v", c)
+		}
+		if c.Object.Spec.Revocation != int64(want) {
+			t.Fatalf("after run %d cluster.yaml says revocation %d", want, c.Object.Spec.Revocation)
+		}
+	}
+	after, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only the one line was added: the rest of the file is as it was.
+	added := strings.Replace(string(after), "  revocation: 2\n", "", 1)
+	if added != string(before) {
+		t.Fatalf("cluster.yaml changed beyond spec.revocation:\n%s", after)
+	}
+}
+
 func TestValidateFailsOnAPlaintextTokenAnywhere(t *testing.T) {
 	r := newHubRepo(t)
 	r.add(t, "gpu-east")

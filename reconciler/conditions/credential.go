@@ -31,6 +31,12 @@ func credentialCurrent(wc *v1alpha1.WorkerCluster, now time.Time) (metav1.Condit
 		return metav1.ConditionUnknown, v1alpha1.ReasonLifetimeNotRecorded,
 			fmt.Sprintf("the agent credential was issued before the hub recorded credential lifetimes: its lifetime of %s counts from when its agent next connects", Lifetime(life))
 	}
+	if wc.Spec.Revocation > c.Revocation {
+		return metav1.ConditionFalse, v1alpha1.ReasonCredentialRevoked,
+			// The action first: some forges cut a commit status's description at 140.
+			fmt.Sprintf("agent credential revoked: install the agent with the new values.%s.local.yaml of `flotilla cluster rotate-token --revoke %s`; the hub refuses the credential issued under revocation %d, cluster.yaml says %d",
+				wc.Name, wc.Name, c.Revocation, wc.Spec.Revocation)
+	}
 	expires := c.ExpiresAt.Time
 	if !now.Before(expires) {
 		return metav1.ConditionFalse, v1alpha1.ReasonCredentialExpired,

@@ -93,11 +93,14 @@ func dispatchReadiness(wc *v1alpha1.WorkerCluster) (metav1.ConditionStatus, stri
 }
 
 // readiness is Ready's value: the first unmet condition, in the order a new cluster
-// meets them, decides it. An expired credential comes before the connection: the agent
-// cannot connect with it, and what the cluster needs is a new enrollment token.
+// meets them, decides it. An expired or revoked credential comes before the connection:
+// the agent cannot connect with it, and what the cluster needs is the new enrollment
+// token's values file. A revocation is asked for, an expiry is not: the commit status
+// fails for the second only (CommitStatus).
 func readiness(wc *v1alpha1.WorkerCluster) (metav1.ConditionStatus, string, string) {
-	if c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionCredentialCurrent); c != nil && c.Reason == v1alpha1.ReasonCredentialExpired && wc.Status.Enrollment != nil {
-		return metav1.ConditionFalse, v1alpha1.ReasonCredentialExpired, c.Message
+	if c := meta.FindStatusCondition(wc.Status.Conditions, v1alpha1.ConditionCredentialCurrent); c != nil && wc.Status.Enrollment != nil &&
+		(c.Reason == v1alpha1.ReasonCredentialExpired || c.Reason == v1alpha1.ReasonCredentialRevoked) {
+		return metav1.ConditionFalse, c.Reason, c.Message
 	}
 	steps := []struct {
 		typ, reason, missing string

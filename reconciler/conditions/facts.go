@@ -26,21 +26,23 @@ type Redeemed struct {
 	At         time.Time
 	Credential string
 	ExpiresAt  time.Time
+	// Revocation is the spec.revocation the credential was issued under.
+	Revocation int64
 }
 
 func (f Redeemed) record(wc *v1alpha1.WorkerCluster) {
 	at := metav1.NewTime(f.At)
 	wc.Status.Enrollment = &v1alpha1.Enrollment{TokenHash: f.TokenHash, RedeemedAt: at, CredentialFingerprint: f.Credential, CredentialIssuedAt: &at}
-	wc.Status.Credential = lifetime(f.At, f.ExpiresAt)
+	wc.Status.Credential = lifetime(f.At, f.ExpiresAt, f.Revocation)
 }
 
-// lifetime is the credential status of a credential issued at and good until expires;
-// nil when no expiry is known.
-func lifetime(at, expires time.Time) *v1alpha1.CredentialStatus {
+// lifetime is the credential status of a credential issued at and good until expires,
+// under revocation; nil when no expiry is known.
+func lifetime(at, expires time.Time, revocation int64) *v1alpha1.CredentialStatus {
 	if expires.IsZero() {
 		return nil
 	}
-	return &v1alpha1.CredentialStatus{IssuedAt: metav1.NewTime(at), ExpiresAt: metav1.NewTime(expires)}
+	return &v1alpha1.CredentialStatus{IssuedAt: metav1.NewTime(at), ExpiresAt: metav1.NewTime(expires), Revocation: revocation}
 }
 
 // RedemptionUndone gives a token back: the credential of a redemption could not be
@@ -62,6 +64,7 @@ type CredentialIssued struct {
 	Fingerprint string
 	At          time.Time
 	ExpiresAt   time.Time
+	Revocation  int64
 }
 
 func (f CredentialIssued) record(wc *v1alpha1.WorkerCluster) {
@@ -71,7 +74,7 @@ func (f CredentialIssued) record(wc *v1alpha1.WorkerCluster) {
 	at := metav1.NewTime(f.At)
 	wc.Status.Enrollment.CredentialFingerprint = f.Fingerprint
 	wc.Status.Enrollment.CredentialIssuedAt = &at
-	next := lifetime(f.At, f.ExpiresAt)
+	next := lifetime(f.At, f.ExpiresAt, f.Revocation)
 	if next != nil && wc.Status.Credential != nil {
 		next.RotatedAt = wc.Status.Credential.RotatedAt
 	}
@@ -84,6 +87,7 @@ type CredentialRotated struct {
 	Fingerprint         string
 	IssuedAt, ExpiresAt time.Time
 	At                  time.Time
+	Revocation          int64
 }
 
 func (f CredentialRotated) record(wc *v1alpha1.WorkerCluster) {
@@ -93,7 +97,7 @@ func (f CredentialRotated) record(wc *v1alpha1.WorkerCluster) {
 	issued, at := metav1.NewTime(f.IssuedAt), metav1.NewTime(f.At)
 	wc.Status.Enrollment.CredentialFingerprint = f.Fingerprint
 	wc.Status.Enrollment.CredentialIssuedAt = &issued
-	wc.Status.Credential = lifetime(f.IssuedAt, f.ExpiresAt)
+	wc.Status.Credential = lifetime(f.IssuedAt, f.ExpiresAt, f.Revocation)
 	if wc.Status.Credential != nil {
 		wc.Status.Credential.RotatedAt = &at
 	}
@@ -120,13 +124,14 @@ type CredentialInForce struct {
 	Fingerprint         string
 	IssuedAt, ExpiresAt time.Time
 	Assumed             bool
+	Revocation          int64
 }
 
 func (f CredentialInForce) record(wc *v1alpha1.WorkerCluster) {
 	if wc.Status.Enrollment == nil || f.ExpiresAt.IsZero() {
 		return
 	}
-	next := lifetime(f.IssuedAt, f.ExpiresAt)
+	next := lifetime(f.IssuedAt, f.ExpiresAt, f.Revocation)
 	next.LifetimeAssumed = f.Assumed
 	if c := wc.Status.Credential; c != nil {
 		next.RotatedAt, next.RotationPendingSince = c.RotatedAt, c.RotationPendingSince
@@ -170,6 +175,12 @@ const (
 	NotBack
 	// Expired: the hub closed the tunnel because the agent's credential expired.
 	Expired
+	// Flooded: the hub closed the tunnel because the agent kept sending reports over
+	// its budget.
+	Flooded
+	// Revoked: the hub closed the tunnel because the cluster's spec.revocation revoked
+	// the credential it was opened with.
+	Revoked
 )
 
 func (c Cause) String() string {
@@ -184,16 +195,22 @@ func (c Cause) String() string {
 		return "NotBack"
 	case Expired:
 		return "Expired"
+	case Flooded:
+		return "Flooded"
+	case Revoked:
+		return "Revoked"
 	}
 	return fmt.Sprintf("Cause(%d)", int(c))
 }
 
 // Disconnected: the agent's tunnel ended, for Cause. WriteTimeout is the tunnel's, for
-// the message of a Stuck agent.
+// the message of a Stuck agent; ReportBudget the agent's, for the message of a Flooded
+// one.
 type Disconnected struct {
 	At           time.Time
 	Cause        Cause
 	WriteTimeout time.Duration
+	ReportBudget string
 	// Seen, for NotBack, is the status.lastSeen the hub found when it judged the agent
 	// not back (zero for none). A lastSeen that moved since is an agent seen since,
 	// which stays connected however late this fact is recorded: no clock is compared.
@@ -229,6 +246,14 @@ func (f Disconnected) record(wc *v1alpha1.WorkerCluster) {
 			stamp(f.At))
 	case Expired:
 		msg = fmt.Sprintf("the hub closed the tunnel at %s: the agent credential expired; the worker keeps its last applied state", stamp(f.At))
+	case Revoked:
+		reason = v1alpha1.ReasonCredentialRevoked
+		msg = fmt.Sprintf("the hub disconnected the agent at %s: revocation %d of cluster.yaml revoked its credential; install the agent with the values file of `flotilla cluster rotate-token --revoke %s`; the worker keeps its last applied state",
+			stamp(f.At), wc.Spec.Revocation, wc.Name)
+	case Flooded:
+		reason = v1alpha1.ReasonTooManyReports
+		msg = fmt.Sprintf("the hub disconnected the agent at %s: it kept sending apply reports and inventories faster than its budget of %s (an agent in a loop, or someone else holding its credential: check the agent's log, and rotate its token with --revoke if in doubt); the worker keeps its last applied state",
+			stamp(f.At), f.ReportBudget)
 	}
 	set(wc, v1alpha1.ConditionConnected, metav1.ConditionFalse, reason, msg)
 }

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -107,18 +109,39 @@ func WorkerOf(wc *v1alpha1.WorkerCluster, pool string, quota corev1.ResourceList
 	return w
 }
 
+// Report is what the tenant's fleet asks of the hub's Kueue that the hub refuses it:
+// nothing a retry changes, only a change of the fleet, of the hub's configuration or of
+// what holds a name on the hub. The fleet's status shows it.
+type Report struct {
+	// Refused are the dispatch pools refused, by pool: what holds their names.
+	Refused map[string]*PoolRefusedError
+	// NotGiven are the workload namespaces of fleet.yaml that the hub's configuration
+	// does not give the tenant: they get no LocalQueue of it.
+	NotGiven []string
+	// Taken are the workload namespaces given to the tenant that exist on the hub
+	// labelled for another tenant, or for none (""), by namespace: they get no
+	// LocalQueue of it until they are labelled as the tenant's.
+	Taken map[string]string
+}
+
 // Sync brings the tenant's hub objects to what t says and records where each of its
-// registered workers stands. wcs are the tenant's WorkerClusters by identity.
-func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha1.WorkerCluster) error {
+// registered workers stands. wcs are the tenant's WorkerClusters by identity. The
+// report is nil when Sync failed before it could tell what it refuses.
+func (d *Dispatcher) Sync(ctx context.Context, t Tenant, wcs map[string]*v1alpha1.WorkerCluster) (*Report, error) {
 	ap, err := d.applier(t.Name)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	mine, err := d.hubNamespaces(ctx, t)
+	view, rep, err := d.view(ctx, t)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("tenant %s: %w", t.Name, err)
 	}
-	layout := Build(t, mine)
+	return rep, d.sync(ctx, ap, t, view, wcs)
+}
+
+// sync applies the layout of t on view.
+func (d *Dispatcher) sync(ctx context.Context, ap *apply.Applier, t Tenant, view HubView, wcs map[string]*v1alpha1.WorkerCluster) error {
+	layout := Build(t, view)
 	var objs []*unstructured.Unstructured
 	var errs []error
 	for _, w := range layout.Members {
@@ -254,11 +277,47 @@ func (d *Dispatcher) applier(tenant string) (*apply.Applier, error) {
 	return ap, nil
 }
 
-// hubNamespaces says which of the tenant's workload namespaces it may queue in on the
-// hub: those it owns, and those that do not exist yet (it creates them as its own).
-func (d *Dispatcher) hubNamespaces(ctx context.Context, t Tenant) (map[string]bool, error) {
+// view reads what Build needs of the hub: the workload namespaces the tenant queues in,
+// and the names of its pools and what holds them; and reports what it refuses.
+func (d *Dispatcher) view(ctx context.Context, t Tenant) (HubView, *Report, error) {
+	rep := &Report{Refused: map[string]*PoolRefusedError{}, Taken: map[string]string{}}
+	view := HubView{Pools: map[string]PoolView{}}
+	if !t.Enabled {
+		return view, rep, nil // it asks for nothing on the hub
+	}
+	var err error
+	if view.Namespaces, err = d.hubNamespaces(ctx, t, rep); err != nil {
+		return view, nil, err
+	}
+	for _, pool := range slices.Sorted(maps.Keys(poolsOf(t))) {
+		pv, err := d.viewPool(ctx, t.Name, pool)
+		if err != nil {
+			return view, nil, fmt.Errorf("dispatch pool %s: %w", pool, err)
+		}
+		view.Pools[pool] = pv
+		if len(pv.Held) > 0 {
+			rep.Refused[pool] = &PoolRefusedError{Pool: pool, Held: pv.Held}
+			for _, h := range pv.Held {
+				d.opts.Log.Warn("a dispatch pool's name is not the tenant's on the hub: the pool is refused, its ClusterQueue holds",
+					"tenant", t.Name, "pool", pool, "kind", h.Kind, "name", h.Name, "owner", h.Owner, "heldBy", h.By)
+			}
+		}
+	}
+	return view, rep, nil
+}
+
+// hubNamespaces says which of the tenant's workload namespaces it queues in on the
+// hub: those the hub's configuration gives it (HubNamespaces) that are its own there,
+// or do not exist yet (it creates them as its own). What it leaves out goes to rep.
+func (d *Dispatcher) hubNamespaces(ctx context.Context, t Tenant, rep *Report) (map[string]bool, error) {
 	mine := map[string]bool{}
 	for _, name := range t.WorkloadNamespaces {
+		if !slices.Contains(t.HubNamespaces, name) {
+			rep.NotGiven = append(rep.NotGiven, name)
+			d.opts.Log.Warn("fleet.yaml names a workload namespace that the hub's configuration does not give the tenant: no LocalQueue of the tenant is placed in it",
+				"tenant", t.Name, "namespace", name, "fix", "add it to the workload namespaces of the tenant's source in the hub's configuration")
+			continue
+		}
 		var ns corev1.Namespace
 		err := d.opts.Client.Get(ctx, client.ObjectKey{Name: name}, &ns)
 		switch {
@@ -269,6 +328,7 @@ func (d *Dispatcher) hubNamespaces(ctx context.Context, t Tenant) (map[string]bo
 		case ns.Labels[v1alpha1.TenantLabel] == t.Name:
 			mine[name] = true
 		default:
+			rep.Taken[name] = ns.Labels[v1alpha1.TenantLabel]
 			d.opts.Log.Warn("a workload namespace on the hub is not the tenant's: no LocalQueue of the tenant is placed in it",
 				"tenant", t.Name, "namespace", name, "owner", ns.Labels[v1alpha1.TenantLabel],
 				"fix", fmt.Sprintf("label it %s=%s if it is this tenant's", v1alpha1.TenantLabel, t.Name))

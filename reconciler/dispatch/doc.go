@@ -7,14 +7,33 @@
 //     a MultiKueueCluster named after the worker's identity;
 //   - per dispatch pool (fleet.PoolOf), a MultiKueueConfig of its members, a MultiKueue
 //     AdmissionCheck, a ResourceFlavor and a ClusterQueue whose quota is the sum of its
-//     dispatchable members' quotas, all named <tenant>-<pool>;
-//   - per workload namespace, the namespace on the hub, labelled with its tenant, and a
-//     LocalQueue named after each pool.
+//     dispatchable members' quotas (names: PoolNamesOf);
+//   - per workload namespace that fleet.yaml names and the hub's configuration gives
+//     the tenant (Tenant.HubNamespaces), the namespace on the hub, labelled with its
+//     tenant, and a LocalQueue named after each pool, which users submit to.
 //
-// Tenants stay apart: cluster-scoped objects carry tenant-qualified names, each
-// tenant's ClusterQueues admit only from namespaces labelled with the tenant, and a
-// namespace that another tenant (or nobody) owns on the hub gets no LocalQueue of this
-// one. Everything is applied with the agent's applier (agent/apply) under the tenant's
+// Tenants stay apart, whatever order they sync in:
+//
+//   - A pool's ClusterQueue, ResourceFlavor and AdmissionCheck are named
+//     <tenant>.<pool> and its MultiKueueConfig <len(tenant)>-<tenant>-<pool>: tenants
+//     and pools are DNS labels, so no two tenants' pools share a name. Hubs before
+//     named all four <tenant>-<pool>, which tenant "acme" with pool "us-eu" shares
+//     with tenant "acme-us" with pool "eu". A pool whose ClusterQueue the tenant holds
+//     under that name keeps it: a workload's admission records the names of its
+//     ClusterQueue, flavor and admission check, and a LocalQueue's ClusterQueue cannot
+//     change, so renaming would requeue its work.
+//   - A pool any of whose names something else holds on the hub (another tenant's
+//     object, one of no tenant, or a pool of old names that takes the MultiKueueConfig's
+//     name) is refused: what holds the names is left alone, the pool's ClusterQueue
+//     holds (nothing new is admitted, admitted work runs on) and Sync's Report says
+//     which object is whose. It is judged by what the hub holds, never by which tenant
+//     synced first; the tenant's other pools are unaffected.
+//   - Each tenant's ClusterQueues admit only from namespaces labelled with the tenant,
+//     and a tenant queues only in the namespaces the hub's configuration gives it,
+//     which no two tenants share: a namespace that exists on the hub as another's, or
+//     nobody's, gets no LocalQueue of the tenant until an operator labels it so.
+//
+// Everything is applied with the agent's applier (agent/apply) under the tenant's
 // ownership label: an object the tenant does not own is refused, never adopted, and
 // what Git no longer asks for is pruned.
 //

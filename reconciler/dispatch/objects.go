@@ -24,9 +24,14 @@ type Tenant struct {
 	// Enabled is fleet.yaml's spec.dispatch.enabled.
 	Enabled bool
 	// WorkloadNamespaces are where the tenant's jobs are submitted, on the hub as on
-	// the workers.
+	// the workers: fleet.yaml's.
 	WorkloadNamespaces []string
-	Workers            []Worker
+	// HubNamespaces are the namespaces on the hub that the hub's configuration gives
+	// the tenant. Of its WorkloadNamespaces, the tenant queues on the hub only in
+	// these: which tenant owns a namespace is the operator's word, not the first
+	// tenant's to sync.
+	HubNamespaces []string
+	Workers       []Worker
 }
 
 // Worker is one cluster of the tenant.
@@ -60,16 +65,14 @@ type Layout struct {
 	Members []Worker
 }
 
-// Names of the hub objects.
-func poolObjectName(tenant, pool string) string { return tenant + "-" + pool }
-
 // KubeConfigSecretName is the Secret in Kueue's namespace holding the kubeconfig of a
 // worker's MultiKueueCluster.
 func KubeConfigSecretName(identity string) string { return "flotilla-" + identity }
 
-// Build lays out a tenant's hub objects. It is a pure function of Git and of the
-// registrations, so that the same fleet always yields the same objects.
-func Build(t Tenant, hubNamespaces map[string]bool) Layout {
+// Build lays out a tenant's hub objects. It is a pure function of Git, of the
+// registrations and of what Sync read of the hub, so that the same fleet on the same
+// hub always yields the same objects.
+func Build(t Tenant, hub HubView) Layout {
 	out := Layout{Placement: map[string]v1alpha1.DispatchPlacement{}, Withdrawn: map[string]bool{}}
 	if !t.Enabled {
 		for _, w := range t.Workers {
@@ -79,13 +82,7 @@ func Build(t Tenant, hubNamespaces map[string]bool) Layout {
 		}
 		return out
 	}
-	pools := map[string][]Worker{}
-	for _, w := range t.Workers {
-		if w.Registered.IsZero() || w.Pool == "" {
-			continue
-		}
-		pools[w.Pool] = append(pools[w.Pool], w)
-	}
+	pools := poolsOf(t)
 	var objs []*unstructured.Unstructured
 	for _, pool := range slices.Sorted(maps.Keys(pools)) {
 		ws := pools[pool]
@@ -107,20 +104,41 @@ func Build(t Tenant, hubNamespaces map[string]bool) Layout {
 			}
 		}
 		out.Members = append(out.Members, members...)
-		objs = append(objs, poolObjects(t, pool, members, hubNamespaces)...)
+		objs = append(objs, poolObjects(t, pool, members, hub.pool(t.Name, pool), hub.Namespaces)...)
 	}
 	for _, w := range out.Members {
 		objs = append(objs, clusterObject(t.Name, w))
 	}
 	for _, ns := range t.WorkloadNamespaces {
-		objs = append(objs, namespaceObject(t.Name, ns))
+		if hub.Namespaces[ns] {
+			objs = append(objs, namespaceObject(t.Name, ns))
+		}
 	}
 	out.Objects = objs
 	return out
 }
 
-func poolObjects(t Tenant, pool string, members []Worker, hubNamespaces map[string]bool) []*unstructured.Unstructured {
-	name := poolObjectName(t.Name, pool)
+// poolsOf groups the tenant's registered workers by dispatch pool: the pools that get
+// hub objects.
+func poolsOf(t Tenant) map[string][]Worker {
+	pools := map[string][]Worker{}
+	if !t.Enabled {
+		return pools
+	}
+	for _, w := range t.Workers {
+		if w.Registered.IsZero() || w.Pool == "" {
+			continue
+		}
+		pools[w.Pool] = append(pools[w.Pool], w)
+	}
+	return pools
+}
+
+// poolObjects are a pool's hub objects, named as view says. Of a refused pool (view
+// holds names of others), the objects of those names are left out, its ClusterQueue
+// holds, and it gets a LocalQueue only when the ClusterQueue's name is the tenant's.
+func poolObjects(t Tenant, pool string, members []Worker, view PoolView, hubNamespaces map[string]bool) []*unstructured.Unstructured {
+	name, config := view.Names.Queue, view.Names.Config
 	clusters := make([]string, 0, len(members))
 	quota := corev1.ResourceList{}
 	for _, w := range members {
@@ -138,11 +156,11 @@ func poolObjects(t Tenant, pool string, members []Worker, hubNamespaces map[stri
 	}
 	slices.Sort(clusters)
 	flavor := &kueue.ResourceFlavor{TypeMeta: typeMeta("ResourceFlavor"), ObjectMeta: metav1.ObjectMeta{Name: name}}
-	mkc := &kueue.MultiKueueConfig{TypeMeta: typeMeta("MultiKueueConfig"), ObjectMeta: metav1.ObjectMeta{Name: name},
+	mkc := &kueue.MultiKueueConfig{TypeMeta: typeMeta("MultiKueueConfig"), ObjectMeta: metav1.ObjectMeta{Name: config},
 		Spec: kueue.MultiKueueConfigSpec{Clusters: clusters}}
 	ac := &kueue.AdmissionCheck{TypeMeta: typeMeta("AdmissionCheck"), ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: kueue.AdmissionCheckSpec{ControllerName: MultiKueueController,
-			Parameters: &kueue.AdmissionCheckParametersReference{APIGroup: kueue.GroupVersion.Group, Kind: "MultiKueueConfig", Name: name}}}
+			Parameters: &kueue.AdmissionCheckParametersReference{APIGroup: kueue.GroupVersion.Group, Kind: "MultiKueueConfig", Name: config}}}
 	resources := slices.Sorted(maps.Keys(quota))
 	fq := kueue.FlavorQuotas{Name: kueue.ResourceFlavorReference(name)}
 	for _, r := range resources {
@@ -157,10 +175,28 @@ func poolObjects(t Tenant, pool string, members []Worker, hubNamespaces map[stri
 	if len(resources) > 0 {
 		cq.Spec.ResourceGroups = []kueue.ResourceGroup{{CoveredResources: resources, Flavors: []kueue.FlavorQuotas{fq}}}
 	}
-	objs := []*unstructured.Unstructured{owned(t.Name, flavor), owned(t.Name, mkc), owned(t.Name, ac), owned(t.Name, cq)}
+	held := map[string]bool{}
+	for _, h := range view.Held {
+		held[h.Kind] = true
+	}
+	if len(held) > 0 {
+		// Refused: it may name another's AdmissionCheck, and so reach another tenant's
+		// workers. Holding admits nothing new and lets admitted work run on.
+		hold := kueue.Hold
+		cq.Spec.StopPolicy = &hold
+	}
+	var objs []*unstructured.Unstructured
+	for _, o := range []runtime.Object{flavor, mkc, ac, cq} {
+		if !held[o.GetObjectKind().GroupVersionKind().Kind] {
+			objs = append(objs, owned(t.Name, o))
+		}
+	}
+	if held["ClusterQueue"] {
+		return objs // a LocalQueue of the tenant's would feed someone else's queue
+	}
 	for _, ns := range t.WorkloadNamespaces {
 		if !hubNamespaces[ns] {
-			continue // another tenant's, or nobody's: not ours to queue in
+			continue // not given to the tenant, or another's on the hub: not ours to queue in
 		}
 		lq := &kueue.LocalQueue{TypeMeta: typeMeta("LocalQueue"), ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pool},
 			Spec: kueue.LocalQueueSpec{ClusterQueue: kueue.ClusterQueueReference(name)}}

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
@@ -48,11 +49,11 @@ func TestBuildGivesEachPoolItsQueueAndOnlyRegisteredClusters(t *testing.T) {
 	cordoned.Cordoned = true
 	tn := Tenant{Name: "acme", Enabled: true, WorkloadNamespaces: []string{"ml", "shared"},
 		Workers: []Worker{member("a", "eu", 0), member("b", "us", time.Minute), cordoned, late}}
-	l := Build(tn, map[string]bool{"ml": true})
+	l := Build(tn, HubView{Namespaces: map[string]bool{"ml": true}})
 
 	for _, want := range []string{
-		"ResourceFlavor//acme-eu", "MultiKueueConfig//acme-eu", "AdmissionCheck//acme-eu", "ClusterQueue//acme-eu", "LocalQueue/ml/eu",
-		"ClusterQueue//acme-us", "LocalQueue/ml/us", "MultiKueueCluster//4-acme-a", "MultiKueueCluster//4-acme-c", "Namespace//ml",
+		"ResourceFlavor//acme.eu", "MultiKueueConfig//4-acme-eu", "AdmissionCheck//acme.eu", "ClusterQueue//acme.eu", "LocalQueue/ml/eu",
+		"ClusterQueue//acme.us", "LocalQueue/ml/us", "MultiKueueCluster//4-acme-a", "MultiKueueCluster//4-acme-c", "Namespace//ml",
 	} {
 		if !slices.Contains(names(l.Objects), want) {
 			t.Errorf("no %s in %v", want, names(l.Objects))
@@ -64,16 +65,16 @@ func TestBuildGivesEachPoolItsQueueAndOnlyRegisteredClusters(t *testing.T) {
 	if find(l.Objects, "MultiKueueCluster", "", "4-acme-late") != nil {
 		t.Error("an unregistered cluster joined the hub's Kueue")
 	}
-	clusters, _, _ := unstructured.NestedStringSlice(find(l.Objects, "MultiKueueConfig", "", "acme-eu").Object, "spec", "clusters")
+	clusters, _, _ := unstructured.NestedStringSlice(find(l.Objects, "MultiKueueConfig", "", "4-acme-eu").Object, "spec", "clusters")
 	if strings.Join(clusters, ",") != "4-acme-a,4-acme-c" {
 		t.Errorf("pool eu holds %v, want a and the cordoned c: a cordon never takes a cluster out", clusters)
 	}
 	// The cordoned cluster's quota does not count: the hub admits no work for it.
-	rgs, _, _ := unstructured.NestedSlice(find(l.Objects, "ClusterQueue", "", "acme-eu").Object, "spec", "resourceGroups")
+	rgs, _, _ := unstructured.NestedSlice(find(l.Objects, "ClusterQueue", "", "acme.eu").Object, "spec", "resourceGroups")
 	if got := fmt.Sprint(rgs); !strings.Contains(got, "nominalQuota:8") || strings.Contains(got, "nominalQuota:16") {
-		t.Errorf("acme-eu's quota %s, want a's 8 GPUs alone", got)
+		t.Errorf("acme.eu's quota %s, want a's 8 GPUs alone", got)
 	}
-	sel, _, _ := unstructured.NestedStringMap(find(l.Objects, "ClusterQueue", "", "acme-eu").Object, "spec", "namespaceSelector", "matchLabels")
+	sel, _, _ := unstructured.NestedStringMap(find(l.Objects, "ClusterQueue", "", "acme.eu").Object, "spec", "namespaceSelector", "matchLabels")
 	if sel[v1alpha1.TenantLabel] != "acme" {
 		t.Errorf("the pool's ClusterQueue admits from %v, want only the tenant's namespaces", sel)
 	}
@@ -96,7 +97,7 @@ func TestAPoolHoldsTheClustersRegisteredFirst(t *testing.T) {
 		// Listed newest first: the order Git lists them in does not matter.
 		ws = append(ws, member(fmt.Sprintf("w%02d", i), "eu", time.Duration(23-i)*time.Minute))
 	}
-	l := Build(Tenant{Name: "acme", Enabled: true, WorkloadNamespaces: []string{"ml"}, Workers: ws}, map[string]bool{"ml": true})
+	l := Build(Tenant{Name: "acme", Enabled: true, WorkloadNamespaces: []string{"ml"}, Workers: ws}, HubView{Namespaces: map[string]bool{"ml": true}})
 	full := 0
 	for id, p := range l.Placement {
 		if p == v1alpha1.PlacementPoolFull {
@@ -112,8 +113,8 @@ func TestAPoolHoldsTheClustersRegisteredFirst(t *testing.T) {
 }
 
 func TestTenantsNeverShareAHubObject(t *testing.T) {
-	a := Build(Tenant{Name: "acme", Enabled: true, WorkloadNamespaces: []string{"ml"}, Workers: []Worker{member("a", "eu", 0)}}, map[string]bool{"ml": true})
-	b := Build(Tenant{Name: "beta", Enabled: true, WorkloadNamespaces: []string{"ml"}, Workers: []Worker{{Identity: "4-beta-a", Pool: "eu", Registered: t0, Quota: gpus("1")}}}, map[string]bool{})
+	a := Build(Tenant{Name: "acme", Enabled: true, WorkloadNamespaces: []string{"ml"}, Workers: []Worker{member("a", "eu", 0)}}, HubView{Namespaces: map[string]bool{"ml": true}})
+	b := Build(Tenant{Name: "beta", Enabled: true, WorkloadNamespaces: []string{"ml"}, Workers: []Worker{{Identity: "4-beta-a", Pool: "eu", Registered: t0, Quota: gpus("1")}}}, HubView{Namespaces: map[string]bool{}})
 	for _, o := range b.Objects {
 		if o.GetKind() == "Namespace" {
 			continue // created only when missing, then left alone: not shared, refused
@@ -128,7 +129,7 @@ func TestTenantsNeverShareAHubObject(t *testing.T) {
 }
 
 func TestADisabledFleetPlacesNothing(t *testing.T) {
-	l := Build(Tenant{Name: "acme", Enabled: false, WorkloadNamespaces: []string{"ml"}, Workers: []Worker{member("a", "eu", 0)}}, map[string]bool{"ml": true})
+	l := Build(Tenant{Name: "acme", Enabled: false, WorkloadNamespaces: []string{"ml"}, Workers: []Worker{member("a", "eu", 0)}}, HubView{Namespaces: map[string]bool{"ml": true}})
 	if len(l.Objects) != 0 || l.Placement["4-acme-a"] != v1alpha1.PlacementDisabled {
 		t.Fatalf("objects %v, placement %v", names(l.Objects), l.Placement)
 	}
@@ -147,5 +148,36 @@ func TestQuotaOfSumsTheClusterQueueBehindTheQueue(t *testing.T) {
 	q := QuotaOf([]*unstructured.Unstructured{other, cq, lq}, "eu")
 	if g := q["nvidia.com/gpu"]; g.String() != "12" {
 		t.Fatalf("quota %v, want 12 GPUs over both flavors of cq alone", q)
+	}
+}
+
+// A pool's names are what Kueue accepts for them, and no two pools of different
+// tenants share one: not "acme" with "us-eu" and "acme-us" with "eu", not at the longest
+// tenant (63) and pool (40), where the MultiKueueConfig's name, a DNS label, is
+// shortened with a hash.
+func TestPoolNamesAreValidAndNoTwoTenantsShareThem(t *testing.T) {
+	long, longer := strings.Repeat("t", 63), strings.Repeat("t", 62)
+	pairs := []struct{ a, b [2]string }{
+		{[2]string{"acme", "us-eu"}, [2]string{"acme-us", "eu"}},
+		{[2]string{"a", "b-c-d"}, [2]string{"a-b-c", "d"}},
+		{[2]string{long, strings.Repeat("p", 40)}, [2]string{longer, "t" + strings.Repeat("p", 39)}},
+	}
+	for _, p := range pairs {
+		a, b := PoolNamesOf(p.a[0], p.a[1]), PoolNamesOf(p.b[0], p.b[1])
+		if a.Queue == b.Queue || a.Config == b.Config {
+			t.Errorf("%v and %v share names: %+v, %+v", p.a, p.b, a, b)
+		}
+		for _, n := range []PoolNames{a, b} {
+			if errs := validation.IsDNS1123Subdomain(n.Queue); len(errs) > 0 {
+				t.Errorf("ClusterQueue name %q: %v", n.Queue, errs)
+			}
+			// The AdmissionCheck names its MultiKueueConfig by a DNS label.
+			if errs := validation.IsDNS1123Label(n.Config); len(errs) > 0 {
+				t.Errorf("MultiKueueConfig name %q: %v", n.Config, errs)
+			}
+			if old := oldPoolNames(p.a[0], p.a[1]); n.Queue == old.Queue {
+				t.Errorf("new name %q is an old one", n.Queue)
+			}
+		}
 	}
 }

@@ -10,7 +10,8 @@ import (
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 )
 
-// maxPoolName bounds a pool's name, so that <tenant>-<pool> names a hub object.
+// maxPoolName bounds a pool's name, so that with its tenant it names the hub's objects
+// of the pool (reconciler/dispatch PoolNamesOf) within the lengths Kueue allows.
 const maxPoolName = 40
 
 // PoolOf names the dispatch pool Git puts a cluster in: the pool of fleet.yaml that

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -13,7 +14,9 @@ import (
 
 // Dispatcher keeps a tenant's Kueue objects on the hub (reconciler/dispatch).
 type Dispatcher interface {
-	Sync(ctx context.Context, t dispatch.Tenant, wcs map[string]*v1alpha1.WorkerCluster) error
+	// Sync brings the tenant's hub objects to what t says; the report, when there is
+	// one, says what of it the hub refuses, for the fleet's summary.
+	Sync(ctx context.Context, t dispatch.Tenant, wcs map[string]*v1alpha1.WorkerCluster) (*dispatch.Report, error)
 	// PlacedOn counts the unfinished workloads of the namespaces that the hub's Kueue
 	// placed on the identity's worker.
 	PlacedOn(ctx context.Context, namespaces []string, identity string) (int, error)
@@ -70,7 +73,7 @@ func (s *Source) syncDispatch(ctx context.Context) error {
 		return err
 	}
 	spec := &f.Spec.Spec
-	t := dispatch.Tenant{Name: s.opts.Tenant, Enabled: spec.DispatchEnabled(), WorkloadNamespaces: spec.WorkloadNamespaces}
+	t := dispatch.Tenant{Name: s.opts.Tenant, Enabled: spec.DispatchEnabled(), WorkloadNamespaces: spec.WorkloadNamespaces, HubNamespaces: s.opts.HubNamespaces}
 	wcs := map[string]*v1alpha1.WorkerCluster{}
 	s.mu.Lock()
 	for name, wc := range existing {
@@ -91,7 +94,43 @@ func (s *Source) syncDispatch(ctx context.Context) error {
 		s.registered[name] = wc.Status.Enrollment != nil
 	}
 	s.mu.Unlock()
-	return s.hub.opts.Dispatch.Sync(ctx, t, wcs)
+	rep, err := s.hub.opts.Dispatch.Sync(ctx, t, wcs)
+	if rep != nil {
+		s.noteDispatchRefusals(s.refusalsOf(rep))
+	}
+	return err
+}
+
+// refusalsOf says what rep refuses, each with how to fix it, sorted.
+func (s *Source) refusalsOf(rep *dispatch.Report) []string {
+	var out []string
+	for _, e := range rep.Refused {
+		out = append(out, e.Error())
+	}
+	for _, ns := range rep.NotGiven {
+		out = append(out, fmt.Sprintf("workload namespace %s is not given to the tenant on the hub, so it has no LocalQueue there: add it to dispatch.workloadNamespaces of source %s in the hub's configuration", ns, s.opts.Name))
+	}
+	for ns, owner := range rep.Taken {
+		whose := fmt.Sprintf("without a %s label", v1alpha1.TenantLabel)
+		if owner != "" {
+			whose = fmt.Sprintf("labelled for tenant %s", owner)
+		}
+		out = append(out, fmt.Sprintf("workload namespace %s exists on the hub %s, so it has no LocalQueue of this tenant: label it %s=%s to hand it over", ns, whose, v1alpha1.TenantLabel, s.opts.Tenant))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// noteDispatchRefusals keeps what the last dispatch sync refused, and has the fleet's
+// summary say it when that changed.
+func (s *Source) noteDispatchRefusals(refusals []string) {
+	s.mu.Lock()
+	changed := !slices.Equal(s.dispatchRefusals, refusals)
+	s.dispatchRefusals = refusals
+	s.mu.Unlock()
+	if changed {
+		s.publishFleetSoon()
+	}
 }
 
 // dispatchScope is how far the hub's Kueue may reach into the fleet's workers through

@@ -109,6 +109,9 @@ type Tunnel interface {
 	Connected(identity string) bool
 	// Revoke ends the agent of wc for good, before its WorkerCluster is deleted.
 	Revoke(ctx context.Context, wc *v1alpha1.WorkerCluster) error
+	// EnforceRevocation closes the tunnel of wc's agent when wc's spec.revocation
+	// revokes its credential.
+	EnforceRevocation(wc *v1alpha1.WorkerCluster) bool
 	// Redeemed reports whether the WorkerCluster named key redeemed token before, in
 	// an earlier life: the tunnel refuses it.
 	Redeemed(ctx context.Context, key client.ObjectKey, token secrets.Hash) (bool, error)

@@ -126,6 +126,7 @@ func (s *Source) publishFleet(ctx context.Context) {
 		full = append(full, pool)
 	}
 	leftOut := len(s.poolFull)
+	refusals := s.dispatchRefusals
 	// A cluster the hub failed to reconcile (a key service down, a write refused) keeps
 	// the state its agent last reported, of what it had before: it fails until the hub's
 	// retry succeeds, whatever its agent says.
@@ -178,6 +179,17 @@ func (s *Source) publishFleet(ctx context.Context) {
 	default:
 		st.State, st.Description = commitstatus.Pending, counts
 	}
+	if len(refusals) > 0 && fleetErr == "" {
+		// The refused pools' jobs wait, and the jobs of a namespace without LocalQueues
+		// go nowhere, until the fleet or the hub's configuration changes: a failure,
+		// whatever the clusters say.
+		st.State = commitstatus.Failure
+		shown := refusals[:min(len(refusals), maxShownRefusals)]
+		st.Description += " · " + strings.Join(shown, " · ")
+		if more := len(refusals) - len(shown); more > 0 {
+			st.Description += fmt.Sprintf(" · and %d more (the hub's log has every one)", more)
+		}
+	}
 	if len(full) > 0 {
 		slices.Sort(full)
 		full = slices.Compact(full)
@@ -190,6 +202,11 @@ func (s *Source) publishFleet(ctx context.Context) {
 		s.post(ctx, wide, st)
 	}
 }
+
+// maxShownRefusals is how many of dispatch's refusals the fleet's summary spells out:
+// a forge cuts a long description (the hub's page of the commit shows it whole), and
+// the hub's log has every one.
+const maxShownRefusals = 5
 
 // commitURL is where the hub serves the page of commit, empty without a public URL.
 func (s *Source) commitURL(commit string) string {

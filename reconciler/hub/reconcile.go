@@ -155,6 +155,11 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 	if p.invalid != "" {
 		return fail(p.invalid)
 	}
+	// A lower count would let the credentials it revoked in again.
+	if wc != nil && c.Object.Spec.Revocation < wc.Spec.Revocation {
+		return fail(fmt.Sprintf("%s: spec.revocation is %d, lower than the %d in force: a revocation cannot be undone; raise it with flotilla cluster rotate-token --revoke %s",
+			path.Join(c.Dir, fleet.ClusterFile), c.Object.Spec.Revocation, wc.Spec.Revocation, c.Name))
+	}
 	res, tok := p.res, p.tok
 	// A token this cluster's agent redeemed before (the cluster was removed and added
 	// back with the same enrollment file) is refused by the tunnel, which tells the
@@ -208,6 +213,10 @@ func (s *Source) reconcileCluster(ctx context.Context, f *fleet.Fleet, c *fleet.
 		return err
 	}
 	s.stopPruneTimer(c.Name)
+	// A revocation cuts the agent off at the merge; the cluster keeps everything else.
+	if s.hub.opts.Tunnel.EnforceRevocation(want) {
+		s.log.Info("disconnected the agent of a cluster whose credential Git revoked", "cluster", c.Name, "revocation", want.Spec.Revocation)
+	}
 
 	facts := []conditions.Fact{conditions.Desired{Hash: res.Hash}, conditions.Sourced{Commit: commit, InputsDigest: digest}}
 	// The tunnel holds the state it was pushed and sends it on every connect and

@@ -34,6 +34,10 @@ type SourceOptions struct {
 	// tenant's namespace on the hub, the only one the source writes.
 	Tenant    string
 	Namespace string
+	// HubNamespaces are the namespaces on the hub that the hub's configuration gives
+	// the tenant for its jobs: of the workload namespaces fleet.yaml names, dispatch
+	// queues only in these (dispatch.Tenant.HubNamespaces).
+	HubNamespaces []string
 	// Statuses keeps commit statuses; nil posts none.
 	Statuses commitstatus.Backend
 	// Limits reads the forge's rate limits when Statuses wraps a backend that knows
@@ -124,6 +128,10 @@ type Source struct {
 	// poolFull are the clusters left out of a full dispatch pool, with the pool's name:
 	// the fleet's summary warns of them.
 	poolFull map[string]string
+	// dispatchRefusals say, sorted, what of the fleet the hub's Kueue refuses it at the
+	// last dispatch sync (a pool whose names are another's, a namespace the hub's
+	// configuration does not give the tenant): the fleet's summary fails on them.
+	dispatchRefusals []string
 }
 
 // AddSource follows a repository for a tenant.

@@ -34,6 +34,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/github"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/reconciler/dispatch"
 	"github.com/flotilla-gitops/flotilla/reconciler/fleet"
 	"github.com/flotilla-gitops/flotilla/reconciler/plan"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
@@ -84,6 +85,10 @@ type waveOptions struct {
 	// calls, when set, stands between the hub and its tunnel and the hub cluster's API
 	// server.
 	calls *interceptor.Funcs
+	// dispatch has the hub keep the tenant's Kueue objects (reconciler/dispatch), in the
+	// hub namespaces hubNamespaces, which the hub's configuration gives the tenant.
+	dispatch      bool
+	hubNamespaces []string
 }
 
 func startWaveHub(t *testing.T, clusters, threshold int) *waveHub {
@@ -121,7 +126,17 @@ func startWave(t *testing.T, o waveOptions) *waveHub {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: w.ids}), Tunnel: tun, Status: status,
+	var disp Dispatcher
+	if o.dispatch {
+		d, err := dispatch.New(dispatch.Options{Client: c, Tokens: tun, ProxyURL: "https://127.0.0.1:9443", ProxyPath: tunnel.ProxyURL,
+			Trust: func() []byte { return []byte("the proxy's CA") }, Status: status})
+		if err != nil {
+			tun.Close()
+			t.Fatal(err)
+		}
+		disp = d
+	}
+	h, err := New(Options{Client: c, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: w.ids}), Tunnel: tun, Status: status, Dispatch: disp,
 		Plans: plan.NewStore(0), PublicURL: wavePublicURL, Log: slog.New(slog.DiscardHandler), StaleAfter: o.staleAfter, FetchTimeout: o.fetchTimeout})
 	if err != nil {
 		tun.Close()
@@ -138,7 +153,7 @@ func startWave(t *testing.T, o waveOptions) *waveHub {
 		gitURL = w.stalling.URL
 	}
 	src, err := h.AddSource(SourceOptions{Name: "fleet", Git: gitsource.Options{URL: gitURL, Branch: "main"}, Tenant: "example", Namespace: w.ns,
-		Statuses: backend, Poll: time.Hour, SummaryThreshold: o.threshold})
+		HubNamespaces: o.hubNamespaces, Statuses: backend, Poll: time.Hour, SummaryThreshold: o.threshold})
 	if err != nil {
 		tun.Close()
 		t.Fatal(err)

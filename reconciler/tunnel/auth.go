@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -42,6 +43,9 @@ const (
 	expiresAtAnnotation        = "flotilla.dev/credential-expires-at"
 	pendingIssuedAtAnnotation  = "flotilla.dev/pending-credential-issued-at"
 	pendingExpiresAtAnnotation = "flotilla.dev/pending-credential-expires-at"
+	// The spec.revocation each credential was issued under; none is zero.
+	revocationAnnotation        = "flotilla.dev/credential-revocation"
+	pendingRevocationAnnotation = "flotilla.dev/pending-credential-revocation"
 )
 
 // CredentialSecretName is the Secret, in the WorkerCluster's namespace, that holds the
@@ -262,7 +266,7 @@ func (s *Server) redeemOnce(ctx context.Context, wc *v1alpha1.WorkerCluster, p p
 	}
 	before, beforeCred := wc.Status.Enrollment.DeepCopy(), wc.Status.Credential.DeepCopy()
 	key, issuedFP := client.ObjectKeyFromObject(wc), cred.Hash().Fingerprint()
-	err = s.opts.Status.Claim(ctx, wc, conditions.Redeemed{TokenHash: wc.Spec.EnrollmentTokenHash, At: issued.issued, Credential: issuedFP, ExpiresAt: issued.expires})
+	err = s.opts.Status.Claim(ctx, wc, conditions.Redeemed{TokenHash: wc.Spec.EnrollmentTokenHash, At: issued.issued, Credential: issuedFP, ExpiresAt: issued.expires, Revocation: issued.revocation})
 	if apierrors.IsConflict(err) {
 		return nil, err
 	}
@@ -338,7 +342,7 @@ func (s *Server) redeemAgain(ctx context.Context, wc *v1alpha1.WorkerCluster, p 
 	if err != nil {
 		return nil, err
 	}
-	err = s.opts.Status.Claim(ctx, wc, conditions.CredentialIssued{Fingerprint: cred.Hash().Fingerprint(), At: issued.issued, ExpiresAt: issued.expires})
+	err = s.opts.Status.Claim(ctx, wc, conditions.CredentialIssued{Fingerprint: cred.Hash().Fingerprint(), At: issued.issued, ExpiresAt: issued.expires, Revocation: issued.revocation})
 	if apierrors.IsConflict(err) {
 		return nil, err
 	}
@@ -369,10 +373,16 @@ func (s *Server) checkCredential(ctx context.Context, wc *v1alpha1.WorkerCluster
 		if rec.current.expiredAt(now) {
 			return nil, s.expired(ctx, wc, rec.current, p.fp)
 		}
+		if rec.current.revokedBy(wc) {
+			return nil, revoked(wc, rec.current, p.fp)
+		}
 		return &admitted{wc: wc, fingerprint: p.fp, record: rec}, nil
 	case !rec.pending.hash.IsZero() && h.Equal(rec.pending.hash):
 		if rec.pending.expiredAt(now) {
 			return nil, s.expired(ctx, wc, rec.pending, p.fp)
+		}
+		if rec.pending.revokedBy(wc) {
+			return nil, revoked(wc, rec.pending, p.fp)
 		}
 		// The agent stored the rotated credential, and the confirmation was lost.
 		promoted := credentialRecord{current: rec.pending}
@@ -401,11 +411,27 @@ func (s *Server) expired(ctx context.Context, wc *v1alpha1.WorkerCluster, c issu
 		name, stamp(c.expires), wc.Name), fp, "workerCluster", name, "expiredAt", stamp(c.expires))
 }
 
-// issuedCredential is one credential the credential Secret holds: its hash and its
-// lifetime. A zero expires is a credential of a hub that recorded no lifetimes.
+// revoked refuses a credential issued under a lower spec.revocation than wc's. The
+// WorkerCluster says so already (its CredentialCurrent is derived from the two counts);
+// the log names the counts for the operator.
+func revoked(wc *v1alpha1.WorkerCluster, c issuedCredential, fp string) error {
+	name := wc.Namespace + "/" + wc.Name
+	return refuse(fmt.Sprintf("the agent credential of WorkerCluster %s was revoked: it was issued under revocation %d and the cluster's is %d; install the agent with the values file of `flotilla cluster rotate-token --revoke %s`",
+		name, c.revocation, wc.Spec.Revocation, wc.Name), fp, "workerCluster", name, "issuedUnder", c.revocation, "revocation", wc.Spec.Revocation)
+}
+
+// issuedCredential is one credential the credential Secret holds: its hash, its
+// lifetime and the revocation count it was issued under. A zero expires is a
+// credential of a hub that recorded no lifetimes.
 type issuedCredential struct {
 	hash            secrets.Hash
 	issued, expires time.Time
+	revocation      int64
+}
+
+// revokedBy reports whether wc's spec.revocation revokes the credential.
+func (c issuedCredential) revokedBy(wc *v1alpha1.WorkerCluster) bool {
+	return c.revocation < wc.Spec.Revocation
 }
 
 // expiredAt reports whether the credential is past its lifetime at now.
@@ -430,6 +456,10 @@ func readRecord(sec *corev1.Secret) credentialRecord {
 	r.current.expires = parseStamp(sec.Annotations[expiresAtAnnotation])
 	r.pending.issued = parseStamp(sec.Annotations[pendingIssuedAtAnnotation])
 	r.pending.expires = parseStamp(sec.Annotations[pendingExpiresAtAnnotation])
+	// A count that does not parse is one the hub never wrote: it counts as the first,
+	// which any revocation revokes.
+	r.current.revocation, _ = strconv.ParseInt(sec.Annotations[revocationAnnotation], 10, 64)
+	r.pending.revocation, _ = strconv.ParseInt(sec.Annotations[pendingRevocationAnnotation], 10, 64)
 	return r
 }
 
@@ -461,7 +491,7 @@ func (s *Server) issue(wc *v1alpha1.WorkerCluster) (secrets.Token, issuedCredent
 		return secrets.Token{}, issuedCredential{}, err
 	}
 	now := s.opts.Now().UTC().Truncate(time.Second)
-	return cred, issuedCredential{hash: cred.Hash(), issued: now, expires: now.Add(s.lifetime(wc))}, nil
+	return cred, issuedCredential{hash: cred.Hash(), issued: now, expires: now.Add(s.lifetime(wc)), revocation: wc.Spec.Revocation}, nil
 }
 
 // writeCredential makes the credential Secret hold r.
@@ -471,10 +501,16 @@ func (s *Server) writeCredential(ctx context.Context, wc *v1alpha1.WorkerCluster
 	if !r.current.expires.IsZero() {
 		ann[issuedAtAnnotation], ann[expiresAtAnnotation] = stamp(r.current.issued), stamp(r.current.expires)
 	}
+	if r.current.revocation > 0 {
+		ann[revocationAnnotation] = strconv.FormatInt(r.current.revocation, 10)
+	}
 	if !r.pending.hash.IsZero() {
 		data[pendingHashKey] = []byte(r.pending.hash.String())
 		if !r.pending.expires.IsZero() {
 			ann[pendingIssuedAtAnnotation], ann[pendingExpiresAtAnnotation] = stamp(r.pending.issued), stamp(r.pending.expires)
+		}
+		if r.pending.revocation > 0 {
+			ann[pendingRevocationAnnotation] = strconv.FormatInt(r.pending.revocation, 10)
 		}
 	}
 	if !r.redemptionKey.IsZero() {

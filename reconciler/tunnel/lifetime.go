@@ -103,9 +103,9 @@ func (s *session) startCredential(ctx context.Context) ([]conditions.Fact, error
 			"credential", fp, "lifetime", conditions.Lifetime(life), "expiresAt", stamp(rec.current.expires))
 	}
 	if s.promoted {
-		return []conditions.Fact{conditions.CredentialRotated{Fingerprint: fp, IssuedAt: rec.current.issued, ExpiresAt: rec.current.expires, At: now}}, nil
+		return []conditions.Fact{conditions.CredentialRotated{Fingerprint: fp, IssuedAt: rec.current.issued, ExpiresAt: rec.current.expires, At: now, Revocation: rec.current.revocation}}, nil
 	}
-	return []conditions.Fact{conditions.CredentialInForce{Fingerprint: fp, IssuedAt: rec.current.issued, ExpiresAt: rec.current.expires, Assumed: assumed}}, nil
+	return []conditions.Fact{conditions.CredentialInForce{Fingerprint: fp, IssuedAt: rec.current.issued, ExpiresAt: rec.current.expires, Assumed: assumed, Revocation: rec.current.revocation}}, nil
 }
 
 // startCredentialClock looks at the credential now, and again whenever its next moment
@@ -224,10 +224,19 @@ func (s *session) rotate(ctx context.Context, now time.Time) error {
 	if err := s.srv.opts.Reader.Get(ctx, client.ObjectKeyFromObject(s.wc), wc); err != nil {
 		wc = s.wc
 	}
+	if rec.current.revokedBy(wc) {
+		// Git revoked the credential in force: its successor must not be issued to
+		// whoever holds it.
+		s.closeRevoked(rec.current, wc)
+		return nil
+	}
 	cred, pending, err := s.srv.issue(wc)
 	if err != nil {
 		return err
 	}
+	// A rotation keeps the revocation its predecessor was issued under: only the
+	// redemption of a new enrollment token earns a later one.
+	pending.revocation = rec.current.revocation
 	rec.pending, rec.redemptionKey = pending, secrets.Hash{}
 	if err := s.srv.writeCredential(ctx, s.wc, rec); err != nil {
 		return err
@@ -268,7 +277,7 @@ func (s *session) credentialStored(ctx context.Context, m *protocol.CredentialSt
 	c.current = c.life
 	c.pending, c.life, c.sent, c.warned = secrets.Token{}, issuedCredential{}, time.Time{}, false
 	s.log.Info("agent credential rotated", "credential", m.Fingerprint, "expiresAt", stamp(c.current.expires))
-	return s.record(ctx, conditions.CredentialRotated{Fingerprint: m.Fingerprint, IssuedAt: c.current.issued, ExpiresAt: c.current.expires, At: s.srv.opts.Now()})
+	return s.record(ctx, conditions.CredentialRotated{Fingerprint: m.Fingerprint, IssuedAt: c.current.issued, ExpiresAt: c.current.expires, At: s.srv.opts.Now(), Revocation: c.current.revocation})
 }
 
 // sweepCredentials judges again, every CredentialCheckEvery until Close, the

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
+	"github.com/flotilla-gitops/flotilla/reconciler/logbudget"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
@@ -56,7 +57,7 @@ type Proxy struct {
 	opts      ProxyOptions
 	transport *http.Transport
 	forward   *httputil.ReverseProxy
-	refusals  logBudget
+	refusals  logbudget.Budget
 
 	mu       sync.Mutex
 	inFlight map[string]int
@@ -141,7 +142,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return p.opts.Log.With("identity", identity, "method", r.Method, "remote", r.RemoteAddr)
 	}
 	if reason := p.authorize(r.Context(), identity, r); reason != "" {
-		logWithin(&p.refusals, log(), slog.LevelWarn, "proxy request refused", "reason", reason)
+		p.refusals.Log(log(), slog.LevelWarn, "proxy request refused", "reason", reason)
 		// No detail: a caller learns neither whether the identity exists nor why.
 		writeStatus(w, http.StatusUnauthorized, metav1.StatusReasonUnauthorized, "Unauthorized")
 		return

@@ -152,3 +152,42 @@ func redeemed(ctx context.Context, r client.Reader, key client.ObjectKey, token 
 	}
 	return slices.Contains(recordedTokens(&sec), token.String()), nil
 }
+
+// EnforceRevocation closes the live tunnel of wc's identity when wc's spec.revocation
+// revokes the credential it was opened with, and reports whether it did; its redial with
+// that credential is refused. The hub calls it with each WorkerCluster it writes from
+// Git: the merge of `flotilla cluster rotate-token --revoke` cuts a leaked credential off
+// at once, not at the next rotation. Nothing else of the cluster changes: its desired
+// state, its dispatch and its worker's objects stay as they are.
+func (s *Server) EnforceRevocation(wc *v1alpha1.WorkerCluster) bool {
+	sess := s.session(wc.Labels[v1alpha1.WorkerClusterLabel])
+	if sess == nil {
+		return false
+	}
+	cur := sess.credentialInForce()
+	if !cur.revokedBy(wc) {
+		return false
+	}
+	sess.closeRevoked(cur, wc)
+	return true
+}
+
+// credentialInForce is the credential the session's agent holds as far as the session
+// knows: the one it settled at hello, or the one it was admitted with until then.
+func (s *session) credentialInForce() issuedCredential {
+	s.cred.mu.Lock()
+	defer s.cred.mu.Unlock()
+	if !s.cred.current.hash.IsZero() {
+		return s.cred.current
+	}
+	return s.admittedWith.current
+}
+
+// closeRevoked closes the tunnel of an agent whose credential cur wc revoked; stop
+// records why.
+func (s *session) closeRevoked(cur issuedCredential, wc *v1alpha1.WorkerCluster) {
+	if s.revoked.CompareAndSwap(false, true) {
+		s.log.Warn("disconnecting the agent: its credential was revoked", "credential", cur.hash.Fingerprint(), "issuedUnder", cur.revocation, "revocation", wc.Spec.Revocation)
+		_ = s.tunnel.Close()
+	}
+}

@@ -59,6 +59,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/reconciler/logbudget"
 	"github.com/flotilla-gitops/flotilla/secrets"
 )
 
@@ -114,6 +115,8 @@ type Options struct {
 	// nothing for that long is disconnected and recorded as such (SendTimeout).
 	// Default 30 seconds.
 	WriteTimeout time.Duration
+	// Reports bounds each agent's apply reports and inventories (ReportBudget).
+	Reports ReportBudget
 	// RedemptionRetryWindow is how long after a redemption the agent that made it may
 	// repeat it, with the same redemption key, should the answer have been lost.
 	// Default 5 minutes.
@@ -126,11 +129,13 @@ type Options struct {
 type Server struct {
 	opts     Options
 	upgrader websocket.Upgrader
-	refusals logBudget
+	refusals logbudget.Budget
 	// secrets is the budget of refusals of a secret shaped as the hub issues them (a
 	// replayed token, an expired credential): a flood of garbage never hides them.
-	secrets logBudget
-	faults  logBudget
+	secrets logbudget.Budget
+	// faults is the budget of requests the hub could not admit through a fault of its
+	// own: a flood of garbage never hides the hub's faults from its operators.
+	faults logbudget.Budget
 
 	mu          sync.Mutex
 	sessions    map[string]*session     // by identity
@@ -230,7 +235,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	log := s.opts.Log.With("identity", identity, "remote", r.RemoteAddr)
 	if r.TLS == nil && !(s.opts.AllowInsecureLoopback && protocol.IsLoopbackAddr(r.RemoteAddr)) {
-		s.logRefusal(log, slog.LevelWarn, "agent refused: plain HTTP is only accepted from loopback, when allowed")
+		s.refusals.Log(log, slog.LevelWarn, "agent refused: plain HTTP is only accepted from loopback, when allowed")
 		http.Error(w, "the tunnel requires TLS (wss://)", http.StatusForbidden)
 		return
 	}
@@ -240,7 +245,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "missing or malformed "+protocol.HeaderProtocol+" header", http.StatusBadRequest)
 		return
 	case v > protocol.ProtocolVersion:
-		s.logRefusal(log, slog.LevelWarn, "agent refused: newer protocol", "version", v)
+		s.refusals.Log(log, slog.LevelWarn, "agent refused: newer protocol", "version", v)
 		http.Error(w, fmt.Sprintf("protocol version %d is newer than this hub speaks (%d): upgrade the hub, or run an agent of the hub's version", v, protocol.ProtocolVersion), http.StatusBadRequest)
 		return
 	}
@@ -256,11 +261,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if ref.Fingerprint != "" {
 				budget = &s.secrets
 			}
-			logWithin(budget, log, slog.LevelWarn, "agent refused", append([]any{"auth", authKind(r), "reason", ref.Reason, "fingerprint", ref.Fingerprint}, ref.Args...)...)
+			budget.Log(log, slog.LevelWarn, "agent refused", append([]any{"auth", authKind(r), "reason", ref.Reason, "fingerprint", ref.Fingerprint}, ref.Args...)...)
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
-		s.logFault(log, "agent not admitted: hub fault", "error", err)
+		s.faults.Log(log, slog.LevelError, "agent not admitted: hub fault", "error", err)
 		http.Error(w, "the hub cannot admit agents right now", http.StatusServiceUnavailable)
 		return
 	}
@@ -298,7 +303,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		log.Error("starting the tunnel", "error", err)
 		return
 	}
-	sess := &session{srv: s, tunnel: t, wc: adm.wc, identity: adm.wc.Labels[v1alpha1.WorkerClusterLabel], version: version, log: log.With("workerCluster", adm.wc.Namespace+"/"+adm.wc.Name),
+	sess := &session{srv: s, tunnel: t, wc: adm.wc, reports: newReports(s.opts.Reports, s.opts.Now()), identity: adm.wc.Labels[v1alpha1.WorkerClusterLabel], version: version, log: log.With("workerCluster", adm.wc.Namespace+"/"+adm.wc.Name),
 		admittedWith: adm.record, justIssued: !adm.credential.IsZero(), promoted: adm.promoted}
 	// The session outlives this handler: returning lets net/http drop the request and
 	// its connection buffers, which an idle tunnel would otherwise keep for its life.

@@ -15,6 +15,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/protocol"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
 	"github.com/flotilla-gitops/flotilla/reconciler/conditions"
+	"github.com/flotilla-gitops/flotilla/reconciler/logbudget"
 )
 
 // session is one agent's live tunnel.
@@ -39,6 +40,14 @@ type session struct {
 	stuck atomic.Bool
 	// expired is set when the hub closed the tunnel because the credential expired.
 	expired atomic.Bool
+	// revoked is set when the hub closed the tunnel because Git revoked the credential.
+	revoked atomic.Bool
+
+	// reports is the agent's budget of reports that make the hub write.
+	reports *reports
+	// agentLines bounds the log lines the agent's own messages cause (its errors, what
+	// the hub refused of it): an agent must not write the hub's log at its link's rate.
+	agentLines logbudget.Budget
 
 	// cred is the credential's state; its mutex serializes the credential's work (the
 	// clock, a confirmation), which writes the Secret and sends to the agent.
@@ -114,7 +123,7 @@ func (s *session) run(ctx context.Context) {
 		_, body, err := s.conn.Receive()
 		if err != nil {
 			if protocol.Recoverable(err) {
-				s.log.Warn("refused a message from the agent", "error", err)
+				s.agentLines.Log(s.log, slog.LevelWarn, "refused a message from the agent", "error", err)
 				_ = s.send(protocol.TypeError, protocol.RefusalFor(err))
 				continue
 			}
@@ -140,7 +149,7 @@ func (s *session) handle(ctx context.Context, body any) error {
 	case *protocol.CredentialStored:
 		return s.credentialStored(ctx, m)
 	case *protocol.Error:
-		s.log.Warn("the agent refused a message", "code", protocol.Clip(m.Code), "message", protocol.Clip(m.Message))
+		s.agentLines.Log(s.log, slog.LevelWarn, "the agent refused a message", "code", protocol.Clip(m.Code), "message", protocol.Clip(m.Message))
 		return nil
 	}
 	return s.send(protocol.TypeError, &protocol.Error{Code: protocol.CodeUnknownType, Message: fmt.Sprintf("%T is not a message an agent sends", body)})
@@ -197,6 +206,10 @@ func (s *session) stop(ctx context.Context) {
 	}
 	cause := conditions.HungUp
 	switch {
+	case s.revoked.Load():
+		cause = conditions.Revoked
+	case s.reports.wasFlooded():
+		cause = conditions.Flooded
 	case s.expired.Load():
 		cause = conditions.Expired
 	case s.stuck.Load():
@@ -205,7 +218,8 @@ func (s *session) stop(ctx context.Context) {
 		cause = conditions.Stalled
 	}
 	s.log.Info("agent disconnected", "cause", cause)
-	if err := s.record(ctx, conditions.Disconnected{At: s.srv.opts.Now(), Cause: cause, WriteTimeout: s.srv.opts.WriteTimeout}); err != nil {
+	facts := append(s.reports.drain(), conditions.Disconnected{At: s.srv.opts.Now(), Cause: cause, WriteTimeout: s.srv.opts.WriteTimeout, ReportBudget: s.reports.budget.String()})
+	if err := s.record(ctx, facts...); err != nil {
 		s.log.Error("recording the disconnection", "error", err)
 	}
 }
@@ -279,12 +293,12 @@ func (s *session) applied(ctx context.Context, a *protocol.Applied) error {
 	s.mu.Lock()
 	sent := s.sent
 	s.mu.Unlock()
-	s.log.Info("the agent applied a desired state", "hash", protocol.Clip(a.Hash), "generation", a.Generation, "complete", a.Complete())
-	return s.record(ctx, conditions.Applied{Report: a, Sent: sent})
+	s.agentLines.Log(s.log, slog.LevelInfo, "the agent applied a desired state", "hash", protocol.Clip(a.Hash), "generation", a.Generation, "complete", a.Complete())
+	return s.report(ctx, protocol.TypeApplied, conditions.Applied{Report: a, Sent: sent})
 }
 
 func (s *session) inventory(ctx context.Context, inv *protocol.Inventory) error {
-	return s.record(ctx, conditions.Inventory{Report: inv})
+	return s.report(ctx, protocol.TypeInventory, conditions.Inventory{Report: inv})
 }
 
 // record hands facts about the agent to the owner of the WorkerCluster's status. The

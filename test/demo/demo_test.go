@@ -386,6 +386,10 @@ sources:
     webhookSecretFile: %q
     statuses:
       kind: notes
+    # The namespace on the hub that the tenant's jobs are submitted in: the hub gives
+    # the tenant's LocalQueues only the namespaces listed here.
+    dispatch:
+      workloadNamespaces: [%s]
 # The hub's Kueue dispatches to the workers through the hub's API proxy: its kubeconfig
 # for each worker names https://<url>/clusters/<identity>, and the proxy carries each
 # request over that worker's tunnel. The proxy's CA is the hub's own, kept in the
@@ -394,7 +398,7 @@ dispatch:
   listen: %q
   url: %q
 `, filepath.Join(d.root, "kubeconfigs", "hub.yaml"), d.tunnelAddr, d.httpAddr, "http://"+d.httpAddr, filepath.Join(d.root, "hub", "hub.agekey"),
-		source, d.repoURL, tenant, namespace, poll, secretFile, d.proxyAddr, "https://"+d.proxyAddr)
+		source, d.repoURL, tenant, namespace, poll, secretFile, workloadNamespace, d.proxyAddr, "https://"+d.proxyAddr)
 	configFile := filepath.Join(d.root, "hub", "config.yaml")
 	if err := os.WriteFile(configFile, []byte(config), 0o600); err != nil {
 		d.fail("%v", err)

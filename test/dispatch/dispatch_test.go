@@ -65,7 +65,7 @@ func (w *world) testTenantsStayApart(t *testing.T) {
 	t.Cleanup(func() {
 		_ = hc.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	})
-	lq := &kueue.LocalQueue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "eu"}, Spec: kueue.LocalQueueSpec{ClusterQueue: kueue.ClusterQueueReference(w.tenant + "-eu")}}
+	lq := &kueue.LocalQueue{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "eu"}, Spec: kueue.LocalQueueSpec{ClusterQueue: kueue.ClusterQueueReference(dispatch.PoolNamesOf(w.tenant, "eu").Queue)}}
 	if err := hc.Create(ctx, lq); err != nil {
 		t.Fatal(err)
 	}
@@ -121,17 +121,17 @@ func (w *world) testReady(t *testing.T) {
 				return c.Status == metav1.ConditionTrue, fmt.Sprintf("Active=%s %s: %s", c.Status, c.Reason, c.Message)
 			})
 
-			pool := w.tenant + "-" + wk.residency
+			pool := dispatch.PoolNamesOf(w.tenant, wk.residency)
 			var cfg kueue.MultiKueueConfig
-			if err := hc.Get(ctx, client.ObjectKey{Name: pool}, &cfg); err != nil {
+			if err := hc.Get(ctx, client.ObjectKey{Name: pool.Config}, &cfg); err != nil {
 				t.Fatalf("the pool's MultiKueueConfig: %v", err)
 			}
 			if !slices.Equal(cfg.Spec.Clusters, []string{wk.identity}) {
-				t.Errorf("MultiKueueConfig %s holds %v, want just %s", pool, cfg.Spec.Clusters, wk.identity)
+				t.Errorf("MultiKueueConfig %s holds %v, want just %s", pool.Config, cfg.Spec.Clusters, wk.identity)
 			}
 
 			var hubCQ, workerCQ kueue.ClusterQueue
-			if err := hc.Get(ctx, client.ObjectKey{Name: pool}, &hubCQ); err != nil {
+			if err := hc.Get(ctx, client.ObjectKey{Name: pool.Queue}, &hubCQ); err != nil {
 				t.Fatalf("the pool's ClusterQueue on the hub: %v", err)
 			}
 			if err := wk.plane.Client.Get(ctx, client.ObjectKey{Name: "cluster-queue"}, &workerCQ); err != nil {
@@ -139,7 +139,7 @@ func (w *world) testReady(t *testing.T) {
 			}
 			hubQuota, workerQuota := dispatch.NominalQuota(&hubCQ), dispatch.NominalQuota(&workerCQ)
 			if !sameQuota(hubQuota, workerQuota) {
-				t.Errorf("hub ClusterQueue %s offers %v; the worker's offers %v", pool, hubQuota, workerQuota)
+				t.Errorf("hub ClusterQueue %s offers %v; the worker's offers %v", pool.Queue, hubQuota, workerQuota)
 			}
 			for r, q := range wk.quota {
 				if got := workerQuota[corev1.ResourceName(r)]; got.Cmp(resource.MustParse(q)) != 0 {
@@ -198,7 +198,7 @@ func (w *world) testCordonKeepsRunningWork(t *testing.T) {
 	// held worker never satisfies: either way the job stays suspended on the hub and no
 	// worker runs it.
 	next := w.submit(t, "submitted-after-cordon", "eu")
-	check := kueue.AdmissionCheckReference(w.tenant + "-eu")
+	check := kueue.AdmissionCheckReference(dispatch.PoolNamesOf(w.tenant, "eu").Queue)
 	var pending string
 	poll.Until(t, "the hub's Kueue keeps the next eu job pending", func() (bool, string) {
 		w.nowhereElse(t, next, nil)

@@ -21,6 +21,7 @@ import (
 	"github.com/flotilla-gitops/flotilla/agent/apply"
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/dispatch"
 	"github.com/flotilla-gitops/flotilla/reconciler/tunnel"
 	"github.com/flotilla-gitops/flotilla/test/poll"
 )
@@ -171,7 +172,7 @@ func (w *world) stillDraining(t *testing.T, wk *worker, j, remote *batchv1.Job) 
 	if err := hc.Get(ctx, client.ObjectKey{Name: wk.identity}, &mc); err != nil {
 		t.Errorf("the draining cluster's MultiKueueCluster: %v", err)
 	}
-	pool := w.tenant + "-" + wk.residency
+	pool := dispatch.PoolNamesOf(w.tenant, wk.residency).Config
 	var cfg kueue.MultiKueueConfig
 	if err := hc.Get(ctx, client.ObjectKey{Name: pool}, &cfg); err != nil {
 		t.Errorf("the pool's MultiKueueConfig %s: %v", pool, err)

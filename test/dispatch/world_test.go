@@ -439,7 +439,7 @@ func (w *world) startHub() {
 		tb.Fatal(err)
 	}
 	w.src, err = h.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: w.repo.URL(), Branch: "main"}, Tenant: w.tenant, Namespace: w.ns,
-		Statuses: w.notes, Poll: time.Hour})
+		HubNamespaces: []string{w.workloads}, Statuses: w.notes, Poll: time.Hour})
 	if err != nil {
 		tb.Fatal(err)
 	}

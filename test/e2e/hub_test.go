@@ -21,6 +21,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -259,6 +260,14 @@ func (f *fleetRepo) addCluster(branch, name string, extra ...string) (values, st
 	f.t.Helper()
 	args := append([]string{"cluster", "add", name, "--dir", f.dir, "--region", "us-east1", "--residency", "us", "--preset", "gpu"}, extra...)
 	cli(f.t, args...)
+	v := f.values(name)
+	sha := f.repo.Commit(branch, "add cluster "+name, readDir(f.t, f.dir, "clusters/"+name))
+	return v, sha
+}
+
+// values reads the values file the CLI last wrote for the cluster name.
+func (f *fleetRepo) values(name string) values {
+	f.t.Helper()
 	var v values
 	data, err := os.ReadFile(filepath.Join(f.dir, "values."+name+".local.yaml"))
 	if err != nil {
@@ -267,8 +276,7 @@ func (f *fleetRepo) addCluster(branch, name string, extra ...string) (values, st
 	if err := yaml.Unmarshal(data, &v); err != nil {
 		f.t.Fatal(err)
 	}
-	sha := f.repo.Commit(branch, "add cluster "+name, readDir(f.t, f.dir, "clusters/"+name))
-	return v, sha
+	return v
 }
 
 // edited reads a file of the checkout and returns it with old replaced by new, which
@@ -320,7 +328,8 @@ func (f *fleetRepo) statusCommit(name string) string {
 // startAgent runs an agent in-process with the values file's identity and token.
 func (f *fleetRepo) startAgent(v values) func() {
 	c := &fleetCase{t: f.t, identity: v.Cluster.Identity, token: mustToken(f.t, v.Enrollment.Token), agentNS: "flotilla-" + v.Cluster.Name}
-	if err := worker().Create(f.t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.agentNS}}); err != nil {
+	// An agent installed again with new values runs in the namespace of the first.
+	if err := worker().Create(f.t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.agentNS}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		f.t.Fatal(err)
 	}
 	stop, _ := runAgent(f.t, c, f.tunnel, true, nil)
@@ -357,7 +366,7 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 	f.waitStatus(merge, "flotilla/gpu-a", commitstatus.Pending, "enrollment token")
 	f.waitStatus(merge, "flotilla/fleet", commitstatus.Pending, "0 of 1")
 
-	f.startAgent(v)
+	stopFirst := f.startAgent(v)
 	f.waitStatus(merge, "flotilla/gpu-a", commitstatus.Success, "ready")
 	t.Logf("merge to success, agent started after the merge: %s", time.Since(began).Round(time.Millisecond))
 	f.waitStatus(merge, "flotilla/fleet", commitstatus.Success, "1 of 1")
@@ -419,6 +428,57 @@ func TestMergeTurnsTheCommitGreen(t *testing.T) {
 				t.Fatalf("ClusterQueue %s has stopPolicy %q after the cordon", cq.GetName(), p)
 			}
 		}
+	})
+
+	t.Run("rotate-token --revoke cuts the agent off at the merge, and the new values file brings it back", func(t *testing.T) {
+		key := types.NamespacedName{Namespace: f.ns, Name: "gpu-a"}
+		cli(t, "cluster", "rotate-token", "gpu-a", "--revoke", "--dir", f.dir)
+		fresh := f.values("gpu-a")
+		revoked := f.repo.Commit("main", "revoke gpu-a", readDir(t, f.dir, "clusters/gpu-a"))
+		f.src.Trigger()
+		st := f.waitStatus(revoked, "flotilla/gpu-a", commitstatus.Pending, "values.gpu-a.local.yaml")
+		t.Logf("after the revocation: %s", st.Description)
+		var wc v1alpha1.WorkerCluster
+		if err := hub().Get(t.Context(), key, &wc); err != nil {
+			t.Fatal(err)
+		}
+		if c := condition(&wc, v1alpha1.ConditionConnected); c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonCredentialRevoked {
+			t.Fatalf("Connected = %+v, want False, CredentialRevoked", c)
+		}
+		// Nothing else of the cluster changed: no drain, no prune, no decommission.
+		var cqs unstructured.UnstructuredList
+		cqs.SetGroupVersionKind(schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "ClusterQueueList"})
+		if err := worker().List(t.Context(), &cqs, client.MatchingLabels{v1alpha1.WorkerClusterLabel: v.Cluster.Identity}); err != nil || len(cqs.Items) == 0 {
+			t.Fatalf("the worker's ClusterQueues after the revocation: %d, %v", len(cqs.Items), err)
+		}
+		if _, ok := wc.Annotations[v1alpha1.DecommissionAnnotation]; ok {
+			t.Fatal("the revoked cluster is being decommissioned")
+		}
+
+		// A pull request cannot take the revocation back.
+		file := filepath.Join(f.dir, "clusters", "gpu-a", "cluster.yaml")
+		raised, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lowered := f.repo.Commit("main", "undo the revocation", map[string][]byte{"clusters/gpu-a/cluster.yaml": []byte(strings.Replace(string(raised), "  revocation: 1\n", "", 1))})
+		f.src.Trigger()
+		f.waitStatus(lowered, "flotilla/gpu-a", commitstatus.Failure, "a revocation cannot be undone")
+		f.repo.Commit("main", "raise it again", map[string][]byte{"clusters/gpu-a/cluster.yaml": raised})
+		f.src.Trigger()
+
+		// The worker's administrator installs the agent with the new values file.
+		stopFirst()
+		f.startAgent(fresh)
+		eventually(t, "gpu-a ready again with the new credential", func() (bool, string) {
+			var wc v1alpha1.WorkerCluster
+			if err := hub().Get(t.Context(), key, &wc); err != nil {
+				return false, err.Error()
+			}
+			ready := condition(&wc, v1alpha1.ConditionReady)
+			return ready != nil && ready.Status == metav1.ConditionTrue && wc.Annotations[v1alpha1.InvalidAnnotation] == "" && wc.Status.Credential != nil && wc.Status.Credential.Revocation == 1,
+				fmt.Sprintf("Ready %+v, credential %+v, invalid %q", ready, wc.Status.Credential, wc.Annotations[v1alpha1.InvalidAnnotation])
+		})
 	})
 
 	t.Run("a fleet.yaml naming another tenant is refused", func(t *testing.T) {

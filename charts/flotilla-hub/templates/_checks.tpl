@@ -24,6 +24,8 @@ crash-looping pod.
 {{- end -}}
 {{- $names := dict -}}
 {{- $namespaces := dict -}}
+{{- $tenants := dict -}}
+{{- $claimed := dict -}}
 {{- range $i, $s := $v.sources -}}
 {{- $where := printf "sources[%d] (%s)" $i $s.name -}}
 {{- if hasKey $names $s.name -}}
@@ -35,6 +37,16 @@ crash-looping pod.
 {{- fail (printf "%s: namespace %s is written by another source; give each source a namespace of its own" $where $ns) -}}
 {{- end -}}
 {{- $_ := set $namespaces $ns true -}}
+{{- if hasKey $tenants $s.tenant -}}
+{{- fail (printf "%s: sources %s and %s both follow tenant %s; give each tenant one source (two would prune each other's dispatch objects)" $where (get $tenants $s.tenant) $s.name $s.tenant) -}}
+{{- end -}}
+{{- $_ := set $tenants $s.tenant $s.name -}}
+{{- range (($s.dispatch | default dict).workloadNamespaces | default list) -}}
+{{- if hasKey $claimed . -}}
+{{- fail (printf "%s: sources %s and %s both claim hub namespace %s in dispatch.workloadNamespaces; a namespace is one tenant's" $where (get $claimed .) $s.name .) -}}
+{{- end -}}
+{{- $_ := set $claimed . $s.name -}}
+{{- end -}}
 {{- $g := $s.git | default dict -}}
 {{- $password := (($g.password | default dict).existingSecret) -}}
 {{- $sshKey := (($g.sshKey | default dict).existingSecret) -}}

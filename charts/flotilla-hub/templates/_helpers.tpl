@@ -117,6 +117,16 @@ pod's environment or in the release's values.
 {{- with $v.dispatch.resumeWindow }}{{ $_ := set $d "resumeWindow" . }}{{ end -}}
 {{- $_ := set $cfg "dispatch" $d -}}
 {{- end -}}
+{{- $conns := dict -}}
+{{- range $which := list "tunnel" "http" "proxy" -}}
+{{- $l := dict -}}
+{{- with (get ($v.connections | default dict) $which) -}}
+{{- with .max }}{{ $_ := set $l "max" (int64 .) }}{{ end -}}
+{{- with .idleTimeout }}{{ $_ := set $l "idleTimeout" . }}{{ end -}}
+{{- end -}}
+{{- with $l }}{{ $_ := set $conns $which . }}{{ end -}}
+{{- end -}}
+{{- with $conns }}{{ $_ := set $cfg "connections" . }}{{ end -}}
 {{- $_ := set $cfg "leaderElection" (dict "enabled" true "namespace" .Release.Namespace "name" (include "flotilla-hub.fullname" .)) -}}
 {{- $plans := dict -}}
 {{- with $v.plans.timeout }}{{ $_ := set $plans "timeout" . }}{{ end -}}
@@ -153,6 +163,7 @@ pod's environment or in the release's values.
 {{- $dir := printf "secrets/sources/%s" .name -}}
 {{- $s := dict "name" .name "url" .url "tenant" .tenant "branch" (.branch | default "main") "namespace" (.namespace | default .tenant) -}}
 {{- with .poll }}{{ $_ := set $s "poll" . }}{{ end -}}
+{{- with (.dispatch | default dict).workloadNamespaces }}{{ $_ := set $s "dispatch" (dict "workloadNamespaces" .) }}{{ end -}}
 {{- with .webhookSecret -}}
 {{- if .existingSecret -}}
 {{- $files = append $files (dict "secret" .existingSecret "key" (.key | default "secret") "path" (printf "%s/webhook-secret" $dir)) -}}

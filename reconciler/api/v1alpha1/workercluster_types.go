@@ -43,6 +43,10 @@ const (
 	// ReasonSendTimeout (Connected False): the hub disconnected an agent that took
 	// nothing it sent within the tunnel's write timeout.
 	ReasonSendTimeout = "SendTimeout"
+	// ReasonTooManyReports (Connected False): the hub disconnected an agent that kept
+	// sending reports faster than its budget allows (an agent in a loop, or whoever
+	// holds its credential).
+	ReasonTooManyReports = "TooManyReports"
 	// ReasonApplied (WorkerConfigured True): the agent applied the desired state whole.
 	ReasonApplied = "Applied"
 	// ReasonAdoptionRefused (WorkerConfigured False): an object the desired state names
@@ -111,6 +115,9 @@ const (
 	// ReasonCredentialExpired (CredentialCurrent False, Ready False): the credential's
 	// lifetime is over and the hub refuses it; the cluster needs a new enrollment token.
 	ReasonCredentialExpired = "CredentialExpired"
+	// ReasonCredentialRevoked (CredentialCurrent False, Connected False): the credential
+	// was issued under a lower spec.revocation than the cluster's; the hub refuses it.
+	ReasonCredentialRevoked = "CredentialRevoked"
 	// ReasonLifetimeNotRecorded (CredentialCurrent Unknown): the credential was issued by
 	// a hub that recorded no lifetime; its lifetime starts when the agent next connects.
 	ReasonLifetimeNotRecorded = "LifetimeNotRecorded"
@@ -216,6 +223,7 @@ type ExpectedGPU struct {
 }
 
 // WorkerClusterSpec is what clusters/<name>/cluster.yaml declares.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.revocation) || (has(self.revocation) && self.revocation >= oldSelf.revocation)",message="spec.revocation can only be raised: a lower count would let the credentials it revoked in again"
 type WorkerClusterSpec struct {
 	// DisplayName is a human name for dashboards and commit statuses.
 	// +kubebuilder:validation:MaxLength=100
@@ -253,6 +261,15 @@ type WorkerClusterSpec struct {
 	// Cordoned stops new dispatch to the cluster. Running work is never disturbed.
 	// +optional
 	Cordoned bool `json:"cordoned,omitempty"`
+
+	// Revocation counts the revocations of the cluster's agent credentials: `flotilla
+	// cluster rotate-token --revoke` raises it with a new enrollment token. The hub
+	// stamps every credential it issues with the count in force, and refuses, and
+	// disconnects, every credential stamped lower. A counter, not a time: the hub issues
+	// credentials on its own (rotations), and the clocks of laptops drift.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Revocation int64 `json:"revocation,omitempty"`
 
 	// Components overrides, for this cluster, how the fleet's Kueue and JobSet get there.
 	// +optional
@@ -345,6 +362,10 @@ type CredentialStatus struct {
 	// its lifetime counts from IssuedAt, the hub's first sight of it since.
 	// +optional
 	LifetimeAssumed bool `json:"lifetimeAssumed,omitempty"`
+	// Revocation is the spec.revocation the credential was issued under: one lower than
+	// the spec's is revoked, and its agent needs the new enrollment token.
+	// +optional
+	Revocation int64 `json:"revocation,omitempty"`
 }
 
 // AgentInfo is what the agent said of itself on its last connection.
