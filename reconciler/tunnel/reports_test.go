@@ -70,7 +70,10 @@ func TestAFloodingAgentCausesBoundedWritesAndIsDisconnected(t *testing.T) {
 	})
 	before := writes.of(flooder.name)
 
-	const flood = 500
+	// Each report is followed by a message the hub answers, in order, once it handled
+	// the report: an agent that floods at the pace of the hub's writes, so that no
+	// write takes in the next report.
+	const flood = 200
 	sent := make(chan int, 1)
 	go func() {
 		n := 0
@@ -79,8 +82,11 @@ func TestAFloodingAgentCausesBoundedWritesAndIsDisconnected(t *testing.T) {
 			if i%2 == 1 {
 				report.Error = "the worker's API server is unreachable"
 			}
-			if fp.conn.Send(protocol.TypeApplied, report) != nil {
+			if fp.conn.Send(protocol.TypeApplied, report) != nil || fp.conn.Send("ping", nil) != nil {
 				break // disconnected
+			}
+			if !answered(fp) {
+				break
 			}
 			n++
 		}
@@ -100,6 +106,10 @@ func TestAFloodingAgentCausesBoundedWritesAndIsDisconnected(t *testing.T) {
 		return cond != nil && cond.Status == metav1.ConditionFalse && cond.Reason == v1alpha1.ReasonTooManyReports, fmt.Sprintf("Connected %+v", cond)
 	})
 	n := <-sent
+	t.Logf("%d alternating reports taken before the disconnection, %d writes of the flooder's status", n, writes.of(flooder.name)-before)
+	if n > budget.Burst+budget.Patience+1 {
+		t.Fatalf("the hub took %d reports over a budget of %d and a patience of %d", n, budget.Burst, budget.Patience)
+	}
 	// The budget's five, then the newest waiting report with the disconnection.
 	if got := writes.of(flooder.name) - before; got > budget.Burst+1 {
 		t.Fatalf("%d alternating reports cost %d writes of the flooder's status, want at most %d", n, got, budget.Burst+1)
@@ -129,5 +139,19 @@ func TestTheNewestReportOverTheBudgetIsRecordedWhenItHasRoom(t *testing.T) {
 	})
 	if !h.srv.Connected(c.identity) {
 		t.Fatal("an agent a little over its budget was disconnected")
+	}
+}
+
+// answered waits for the hub's answer to a message of a type no agent sends; false when
+// the tunnel ended first.
+func answered(p *peer) bool {
+	for {
+		env, _, err := p.conn.Receive()
+		if err != nil {
+			return false
+		}
+		if env.Type == protocol.TypeError {
+			return true
+		}
 	}
 }
