@@ -31,6 +31,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -317,7 +318,10 @@ func (a *Agent) dial(ctx context.Context, kind string, secret, redemptionKey pro
 			if resp.StatusCode == http.StatusUnauthorized {
 				return nil, 0, fmt.Errorf("%w (%s)", errRefused, kind)
 			}
-			return nil, 0, fmt.Errorf("dialling the hub: HTTP %d", resp.StatusCode)
+			// The hub says why (a newer protocol, a budget spent): clipped, since
+			// whatever answers the URL may say anything.
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+			return nil, 0, fmt.Errorf("dialling the hub: HTTP %d: %s", resp.StatusCode, protocol.Clip(strings.TrimSpace(string(msg))))
 		}
 		return nil, 0, fmt.Errorf("dialling the hub: %w", err)
 	}

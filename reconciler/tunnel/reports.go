@@ -24,7 +24,10 @@ import (
 // Reports over the budget are not lost but coalesced: the newest of each kind waits
 // and is recorded, in one write, when the budget has room again. An agent that keeps
 // sending more than twice its budget runs out of Patience and is disconnected; its
-// WorkerCluster says so (Connected False, TooManyReports).
+// WorkerCluster says so (Connected False, TooManyReports). The budget is the
+// identity's, kept across its tunnels, and its redials are refused until it has a tenth
+// of its Patience back: a loop of redials and floods writes nothing. An agent that
+// redeems a new enrollment token starts afresh.
 type ReportBudget struct {
 	// PerMinute is the sustained rate of reports recorded as they come. Default 60.
 	PerMinute float64
@@ -52,12 +55,54 @@ func (b ReportBudget) String() string {
 	return fmt.Sprintf("%g reports a minute, %d at once", b.PerMinute, b.Burst)
 }
 
+// reportLimiters are an identity's budget, kept across its tunnels: an agent
+// disconnected for its reports does not get its budget back by redialling. allowed
+// refills at the budget's rate; patience at the same rate, and takes a token for each
+// report over the budget.
+type reportLimiters struct {
+	allowed, patience *rate.Limiter
+}
+
+func newReportLimiters(b ReportBudget, now time.Time) *reportLimiters {
+	every := rate.Limit(b.PerMinute / 60)
+	l := &reportLimiters{allowed: rate.NewLimiter(every, b.Burst), patience: rate.NewLimiter(every, b.Patience)}
+	// Limiters start full at their first use; anchoring them now keeps an injected
+	// clock's time, not the wall clock's, for every later call.
+	l.allowed.AllowN(now, 0)
+	l.patience.AllowN(now, 0)
+	return l
+}
+
+// reportLimiters is the identity's budget; a fresh one when fresh is set (an agent
+// that redeemed a new enrollment token is a new agent).
+func (s *Server) reportLimiters(identity string, fresh bool) *reportLimiters {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.reportBudgets[identity]
+	if l == nil || fresh {
+		l = newReportLimiters(s.opts.Reports, s.opts.Now())
+		s.reportBudgets[identity] = l
+	}
+	return l
+}
+
+// cooling reports whether the identity's agent was disconnected for its reports and
+// has yet to earn back a tenth of its patience: until then its redials are refused, so
+// that a loop of redials and floods costs the hub cluster no write.
+func (s *Server) cooling(identity string) bool {
+	s.mu.Lock()
+	l := s.reportBudgets[identity]
+	s.mu.Unlock()
+	if l == nil {
+		return false
+	}
+	return l.patience.TokensAt(s.opts.Now()) < max(float64(s.opts.Reports.Patience)/10, 1)
+}
+
 // reports is a session's budget and the reports waiting for it.
 type reports struct {
 	budget ReportBudget
-	// allowed refills at the budget's rate; patience at the same rate, and takes a
-	// token for each report over the budget.
-	allowed, patience *rate.Limiter
+	*reportLimiters
 
 	mu sync.Mutex
 	// waiting are the newest report of each kind over the budget, by kind.
@@ -66,15 +111,8 @@ type reports struct {
 	flooded bool
 }
 
-func newReports(b ReportBudget, now time.Time) *reports {
-	b = b.withDefaults()
-	every := rate.Limit(b.PerMinute / 60)
-	r := &reports{budget: b, allowed: rate.NewLimiter(every, b.Burst), patience: rate.NewLimiter(every, b.Patience), waiting: map[string]conditions.Fact{}}
-	// Limiters start full at their first use; anchoring them at the session's start
-	// keeps an injected clock's time, not the wall clock's, for every later call.
-	r.allowed.AllowN(now, 0)
-	r.patience.AllowN(now, 0)
-	return r
+func newReports(b ReportBudget, l *reportLimiters) *reports {
+	return &reports{budget: b, reportLimiters: l, waiting: map[string]conditions.Fact{}}
 }
 
 // report records f, a report of kind, when the budget allows, with the newest waiting

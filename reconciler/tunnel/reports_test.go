@@ -117,6 +117,19 @@ func TestAFloodingAgentCausesBoundedWritesAndIsDisconnected(t *testing.T) {
 	if !strings.Contains(h.log.String(), "reports over its budget") {
 		t.Fatalf("the hub's log does not say why it disconnected the flooder:\n%s", h.log.Last(2000))
 	}
+	// Redialling does not bring the budget back: the flooder is refused until it earned
+	// some of its patience back, before anything is written.
+	flooded := writes.of(flooder.name)
+	ws, resp, err := h.dial(t.Context(), request{identity: flooder.identity, kind: protocol.AuthCredential, secret: fp.credential})
+	if ws != nil {
+		_ = ws.Close()
+	}
+	if resp == nil || resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("the flooder's redial: %v (%v), want 429", resp, err)
+	}
+	if got := writes.of(flooder.name); got != flooded {
+		t.Fatalf("the refused redial cost %d writes", got-flooded)
+	}
 	if h.srv.Connected(quiet.identity) != true {
 		t.Fatal("the quiet agent was disconnected too")
 	}

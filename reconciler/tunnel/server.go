@@ -141,6 +141,8 @@ type Server struct {
 	sessions    map[string]*session     // by identity
 	desired     map[string]pushed       // by identity
 	proxyTokens map[string]secrets.Hash // by identity, as far as known
+	// reportBudgets are the identities' budgets of reports, kept across their tunnels.
+	reportBudgets map[string]*reportLimiters
 	// registered is closed, and replaced, whenever a session registers: the proxy's
 	// watches that wait for their agent to redial wake on it.
 	registered chan struct{}
@@ -193,6 +195,7 @@ func New(opts Options) (*Server, error) {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = 30 * time.Second
 	}
+	opts.Reports = opts.Reports.withDefaults()
 	if opts.RedemptionRetryWindow <= 0 {
 		opts.RedemptionRetryWindow = 5 * time.Minute
 	}
@@ -217,12 +220,13 @@ func New(opts Options) (*Server, error) {
 			// Agents are not browsers: there is no origin to check.
 			CheckOrigin: func(*http.Request) bool { return true },
 		},
-		sessions:    map[string]*session{},
-		desired:     map[string]pushed{},
-		proxyTokens: map[string]secrets.Hash{},
-		registered:  make(chan struct{}),
-		life:        life,
-		endLife:     endLife,
+		sessions:      map[string]*session{},
+		desired:       map[string]pushed{},
+		proxyTokens:   map[string]secrets.Hash{},
+		reportBudgets: map[string]*reportLimiters{},
+		registered:    make(chan struct{}),
+		life:          life,
+		endLife:       endLife,
 	}, nil
 }
 
@@ -269,6 +273,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the hub cannot admit agents right now", http.StatusServiceUnavailable)
 		return
 	}
+	identity = adm.wc.Labels[v1alpha1.WorkerClusterLabel]
+	if adm.credential.IsZero() && s.cooling(identity) {
+		s.secrets.Log(log, slog.LevelWarn, "agent refused: it was disconnected for sending reports over its budget, and is admitted again once the budget has room", "fingerprint", adm.fingerprint)
+		w.Header().Set("Retry-After", "60")
+		http.Error(w, "the agent sent more reports than its budget allows: retry later", http.StatusTooManyRequests)
+		return
+	}
 	// The agent learns from the answer which version the two speak: an older agent keeps
 	// its own, and the hub opens no stream it would not understand.
 	version := protocol.Negotiate(v)
@@ -303,7 +314,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		log.Error("starting the tunnel", "error", err)
 		return
 	}
-	sess := &session{srv: s, tunnel: t, wc: adm.wc, reports: newReports(s.opts.Reports, s.opts.Now()), identity: adm.wc.Labels[v1alpha1.WorkerClusterLabel], version: version, log: log.With("workerCluster", adm.wc.Namespace+"/"+adm.wc.Name),
+	sess := &session{srv: s, tunnel: t, wc: adm.wc, reports: newReports(s.opts.Reports, s.reportLimiters(identity, !adm.credential.IsZero())), identity: adm.wc.Labels[v1alpha1.WorkerClusterLabel], version: version, log: log.With("workerCluster", adm.wc.Namespace+"/"+adm.wc.Name),
 		admittedWith: adm.record, justIssued: !adm.credential.IsZero(), promoted: adm.promoted}
 	// The session outlives this handler: returning lets net/http drop the request and
 	// its connection buffers, which an idle tunnel would otherwise keep for its life.
@@ -349,6 +360,7 @@ func (s *Server) Forget(identity string) {
 	defer s.mu.Unlock()
 	delete(s.desired, identity)
 	delete(s.proxyTokens, identity)
+	delete(s.reportBudgets, identity)
 }
 
 // Desired is the desired state last pushed for the identity; nil when none was.
