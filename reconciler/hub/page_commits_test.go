@@ -16,7 +16,7 @@ import (
 // whose clusters post again, gets a page of those clusters alone, which says so: it
 // does not claim to list every cluster whose state comes from the commit.
 func TestAPageMadeAgainSaysItListsOnlyWhatWasPostedSince(t *testing.T) {
-	book := newStatusBook(DefaultSummaryThreshold)
+	book := newStatusBook(DefaultSummaryThreshold, DefaultRememberedCommits)
 	s := &Source{opts: SourceOptions{Name: "fleet"}, book: book}
 	h := &Hub{sources: map[string]*Source{"ns": s}}
 	commitOf := func(i int) string { return fmt.Sprintf("%040x", i) }

@@ -47,7 +47,7 @@ func TestTheFleetSummaryCountsTheFleetAndWarnsOfClustersLeftOutOfAFullPool(t *te
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &Source{hub: &Hub{opts: Options{PublicURL: "https://hub.example/"}}, opts: SourceOptions{Name: "acme"}, log: slog.New(slog.DiscardHandler),
-				publisher: commitstatus.NewPublisher(notes, commitstatus.PublisherOptions{}), book: newStatusBook(0),
+				publisher: commitstatus.NewPublisher(notes, commitstatus.PublisherOptions{}), book: newStatusBook(0, DefaultRememberedCommits),
 				prefix: "flotilla", head: head, states: tc.states, poolFull: tc.poolFull, invalid: map[string]string{}, waitingRemovals: map[string]bool{}, retry: tc.retry}
 			if s.poolFull == nil {
 				s.poolFull = map[string]string{}

@@ -51,6 +51,11 @@ type SourceOptions struct {
 	// fleet's summary (status_book.go). Zero means DefaultSummaryThreshold; negative
 	// never summarizes.
 	SummaryThreshold int
+	// RememberedCommits is how many commits the source remembers what it posted on
+	// (whether each was summarized, each context's latest status), so that a commit seen
+	// again is not posted again; older ones are forgotten, the newest first kept. Zero
+	// means DefaultRememberedCommits.
+	RememberedCommits int
 	// Poll is the interval between fetches when no webhook arrives. Default 1 minute.
 	Poll time.Duration
 	// PullRequests, when set, says which pull requests into the branch are open, as the
@@ -153,9 +158,12 @@ func (h *Hub) AddSource(opts SourceOptions) (*Source, error) {
 		prefix: fleet.DefaultStatusContextPrefix, states: map[string]commitstatus.State{}, invalid: map[string]string{}, retry: map[string]string{}, waitingRemovals: map[string]bool{}, pruneTimers: map[string]*time.Timer{}, gone: map[string]types.UID{},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		planWake: make(chan struct{}, 1), dispatchWake: make(chan struct{}, 1), quotas: map[string]corev1.ResourceList{}, registered: map[string]bool{}, poolFull: map[string]string{}}
-	s.book = newStatusBook(opts.SummaryThreshold)
+	if opts.RememberedCommits <= 0 {
+		opts.RememberedCommits = DefaultRememberedCommits
+	}
+	s.book = newStatusBook(opts.SummaryThreshold, opts.RememberedCommits)
 	if opts.Statuses != nil {
-		s.publisher = commitstatus.NewPublisher(opts.Statuses, commitstatus.PublisherOptions{Log: s.log, Limits: opts.Limits, Budget: opts.Budget})
+		s.publisher = commitstatus.NewPublisher(opts.Statuses, commitstatus.PublisherOptions{Log: s.log, Limits: opts.Limits, Budget: opts.Budget, Commits: opts.RememberedCommits})
 	}
 	s.poller = gitsource.NewPoller(opts.Poll, 0.1, func(ctx context.Context) {
 		began := time.Now()

@@ -40,10 +40,11 @@ const DefaultSummaryThreshold = 50
 const summaryEvery = 10 * time.Second
 
 // Bounds of what a source keeps in memory about its commits: whether each was
-// summarized, and the clusters' statuses of the newest ones, for their pages.
+// summarized (SourceOptions.RememberedCommits), and the clusters' statuses of the
+// newest ones, for their pages.
 const (
-	rememberedCommits = 1024
-	pagedCommits      = 16
+	DefaultRememberedCommits = 1024
+	pagedCommits             = 16
 )
 
 // statusBook keeps, per source, what the statuses of each commit are and how they are
@@ -87,11 +88,11 @@ type commitPage struct {
 	since time.Time
 }
 
-func newStatusBook(threshold int) *statusBook {
+func newStatusBook(threshold, remembered int) *statusBook {
 	if threshold == 0 {
 		threshold = DefaultSummaryThreshold
 	}
-	return &statusBook{threshold: threshold, every: summaryEvery, modes: lru.New(rememberedCommits), pages: lru.New(pagedCommits), held: map[string]map[string]commitstatus.Status{}}
+	return &statusBook{threshold: threshold, every: summaryEvery, modes: lru.New(remembered), pages: lru.New(pagedCommits), held: map[string]map[string]commitstatus.Status{}}
 }
 
 // laneThreshold is how many clusters a change may touch and keep its statuses in the

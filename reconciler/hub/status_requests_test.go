@@ -41,7 +41,7 @@ func TestAThousandClusterWaveCostsTheForgeItsFailuresAndASummary(t *testing.T) {
 			}
 			head := srv.NewCommit()
 			s := &Source{hub: &Hub{opts: Options{PublicURL: wavePublicURL}}, opts: SourceOptions{Name: "fleet"}, log: slog.New(slog.DiscardHandler),
-				publisher: commitstatus.NewPublisher(backend, commitstatus.PublisherOptions{}), book: newStatusBook(tc.threshold),
+				publisher: commitstatus.NewPublisher(backend, commitstatus.PublisherOptions{}), book: newStatusBook(tc.threshold, DefaultRememberedCommits),
 				prefix: "flotilla", head: head, states: map[string]commitstatus.State{}, invalid: map[string]string{}, waitingRemovals: map[string]bool{}, poolFull: map[string]string{}}
 			ctx, cancel := context.WithCancel(t.Context())
 			done := make(chan struct{})
@@ -136,7 +136,7 @@ func TestAChangeMadeDuringAHubsFirstReadIsPostedAheadOfIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &Source{hub: &Hub{opts: Options{PublicURL: wavePublicURL}}, opts: SourceOptions{Name: "fleet"}, log: slog.New(slog.DiscardHandler),
-		publisher: commitstatus.NewPublisher(backend, commitstatus.PublisherOptions{}), book: newStatusBook(DefaultSummaryThreshold),
+		publisher: commitstatus.NewPublisher(backend, commitstatus.PublisherOptions{}), book: newStatusBook(DefaultSummaryThreshold, DefaultRememberedCommits),
 		prefix: "flotilla", states: map[string]commitstatus.State{}, invalid: map[string]string{}, waitingRemovals: map[string]bool{}, poolFull: map[string]string{}}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
@@ -182,7 +182,7 @@ func TestAChangeMadeDuringAHubsFirstReadIsPostedAheadOfIt(t *testing.T) {
 // those commits goes in the Bulk lane too; on the head, which someone may have just
 // pushed, it goes in the Urgent lane.
 func TestReportsOnAWavesCommitsStayInItsLaneButTheHeadsDoNot(t *testing.T) {
-	b := newStatusBook(DefaultSummaryThreshold)
+	b := newStatusBook(DefaultSummaryThreshold, DefaultRememberedCommits)
 	commits := make([]string, 2*DefaultSummaryThreshold)
 	b.beginSync()
 	for i := range commits {

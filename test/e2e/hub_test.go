@@ -105,7 +105,11 @@ type fleetRepo struct {
 	repo    *gitserver.Repo
 	src     *fhub.Source
 	notes   *gitnotes.Backend
-	tunnel  *hubServer
+	// statuses is the hub's status backend: notes unless an option sets another.
+	statuses commitstatus.Backend
+	// remembered is the hub source's RememberedCommits; zero for the default.
+	remembered int
+	tunnel     *hubServer
 	tenant  string
 	ns      string
 	ids     *secrets.Identities
@@ -192,7 +196,8 @@ func (f *fleetRepo) startHub(l net.Listener) {
 		cancel()
 		t.Fatal(err)
 	}
-	f.src, err = hb.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: f.repo.URL(), Branch: "main"}, Tenant: f.tenant, Namespace: f.ns, Statuses: f.notes, Poll: time.Hour, PullRequests: f.prs})
+	f.src, err = hb.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: f.repo.URL(), Branch: "main"}, Tenant: f.tenant, Namespace: f.ns, Statuses: f.statuses, Poll: time.Hour, PullRequests: f.prs,
+		RememberedCommits: f.remembered})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -222,7 +227,9 @@ func (f *fleetRepo) resumeHub() {
 	f.startHub(l)
 }
 
-func newFleetRepo(t testing.TB, tenant string) *fleetRepo {
+// newFleetRepo makes a fleet repository on a git server and a hub that follows it; opts
+// change the hub before it starts.
+func newFleetRepo(t testing.TB, tenant string, opts ...func(*fleetRepo)) *fleetRepo {
 	t.Helper()
 	ctx := t.Context()
 	id := sopstest.NewIdentity(t)
@@ -249,7 +256,10 @@ func newFleetRepo(t testing.TB, tenant string) *fleetRepo {
 	if f.notes, err = gitnotes.New(gitnotes.Options{URL: f.repo.URL()}); err != nil {
 		t.Fatal(err)
 	}
-	f.tunnel = h
+	f.tunnel, f.statuses = h, f.notes
+	for _, o := range opts {
+		o(f)
+	}
 	f.startHub(l)
 	t.Cleanup(f.stopHub)
 	return f
@@ -297,7 +307,7 @@ func (f *fleetRepo) edited(t testing.TB, file, old, new string) (before, after [
 // statusOf reads a context's status on commit, as `flotilla commit status` would.
 func (f *fleetRepo) statusOf(commit, context string) commitstatus.Status {
 	f.t.Helper()
-	got, err := f.notes.Latest(f.t.Context(), commit)
+	got, err := f.statuses.Latest(f.t.Context(), commit)
 	if err != nil {
 		f.t.Fatal(err)
 	}

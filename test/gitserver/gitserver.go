@@ -36,11 +36,14 @@ import (
 	"github.com/ProtonMail/go-crypto/openpgp/armor"
 	"github.com/fluxcd/gitkit"
 	"github.com/fluxcd/pkg/gittestserver"
+	"github.com/go-git/go-billy/v5/osfs"
 	git "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/config"
 	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/cache"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/storage/filesystem"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 )
@@ -243,6 +246,9 @@ func (s *Server) NewRepo(t testing.TB, name, fromDir string) *Repo {
 	return r
 }
 
+// workCache bounds the objects a working clone keeps decoded in memory.
+const workCache = 4 * cache.MiByte
+
 func (s *Server) newRepo(t testing.TB, name, fromDir string) (*Repo, error) {
 	name = strings.TrimSuffix(name, ".git")
 	if name == "" || !filepath.IsLocal(name) || strings.Contains(name, `\`) {
@@ -258,7 +264,14 @@ func (s *Server) newRepo(t testing.TB, name, fromDir string) (*Repo, error) {
 	}
 
 	work := t.TempDir()
-	repo, err := git.PlainInitWithOptions(work, &git.PlainInitOptions{InitOptions: initMain})
+	// The working clone keeps a small cache of objects, not go-git's default of 96 MiB:
+	// the tests that measure the hub's memory share their process with it.
+	wtfs := osfs.New(work)
+	dot, err := wtfs.Chroot(git.GitDirName)
+	if err != nil {
+		return nil, fmt.Errorf("initialising working clone: %w", err)
+	}
+	repo, err := git.InitWithOptions(filesystem.NewStorage(dot, cache.NewObjectLRU(workCache)), wtfs, initMain)
 	if err != nil {
 		return nil, fmt.Errorf("initialising working clone: %w", err)
 	}

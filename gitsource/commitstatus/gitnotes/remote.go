@@ -136,6 +136,12 @@ func (b *Backend) fetchPack(ctx context.Context, up transport.UploadPackSession,
 // sending what next adds to head. It fails with errMoved, sending nothing, when the ref
 // is no longer at head.
 func (b *Backend) push(ctx context.Context, head, next plumbing.Hash) error {
+	// go-git's HTTP receive-pack reads the server's report and never closes the
+	// response: the connection would wait for its body to be read for as long as ctx
+	// lives, with two goroutines, on every push. Ending the push's own context ends the
+	// request, and net/http closes the connection then.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	cl, err := client.NewClient(b.ep)
 	if err != nil {
 		return err
