@@ -100,21 +100,21 @@ func readDir(t testing.TB, dir, sub string) map[string][]byte {
 // fleetRepo is a fleet repository made with the CLI, on the git server, with the hub
 // following it.
 type fleetRepo struct {
-	t       testing.TB
-	dir     string // the engineer's checkout, where the CLI writes
-	repo    *gitserver.Repo
-	src     *fhub.Source
-	notes   *gitnotes.Backend
+	t     testing.TB
+	dir   string // the engineer's checkout, where the CLI writes
+	repo  *gitserver.Repo
+	src   *fhub.Source
+	notes *gitnotes.Backend
 	// statuses is the hub's status backend: notes unless an option sets another.
 	statuses commitstatus.Backend
 	// remembered is the hub source's RememberedCommits; zero for the default.
 	remembered int
 	tunnel     *hubServer
-	tenant  string
-	ns      string
-	ids     *secrets.Identities
-	stopRun func()
-	prs     *openPRs
+	tenant     string
+	ns         string
+	ids        *secrets.Identities
+	stopRun    func()
+	prs        *openPRs
 
 	syncMu     sync.Mutex
 	syncs      []time.Duration // how long each sync that found a new head took
