@@ -872,6 +872,33 @@ func TestChartPassesTheConnectionBoundsToTheHub(t *testing.T) {
 	}
 }
 
+// The chart leaves Go's profiles off, and passes a loopback listener through when asked.
+func TestChartPassesTheProfilesListenerToTheHub(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		pprof map[string]any
+		want  string
+	}{
+		{"off by default", nil, ""},
+		{"on loopback", map[string]any{"listen": "127.0.0.1:6060"}, "127.0.0.1:6060"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := minimalValues(t)
+			if tc.pprof != nil {
+				v["pprof"] = tc.pprof
+			}
+			path, _ := hubFiles(t, renderHub(t, v), t.TempDir())
+			cfg, err := LoadConfig(path)
+			if err != nil {
+				t.Fatalf("the hub refuses the chart's configuration: %v", err)
+			}
+			if cfg.Pprof.Listen != tc.want || cfg.Pprof.AllowRemote {
+				t.Fatalf("pprof %+v, want listen %q on loopback", cfg.Pprof, tc.want)
+			}
+		})
+	}
+}
+
 // coversPort reports whether a NetworkPolicy rule's ports take in a container port: a
 // rule without ports takes in every one.
 func coversPort(rule networkingv1.NetworkPolicyIngressRule, cp corev1.ContainerPort) bool {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -58,6 +59,14 @@ type Config struct {
 		// and carry many watches each over HTTP/2. Default max 1,024.
 		Proxy ListenerLimits `yaml:"proxy"`
 	} `yaml:"connections"`
+	// Pprof serves Go's profiles (net/http/pprof) on a listener of its own, so that an
+	// operator can profile a hub in the field. Off unless listen is set, and only on a
+	// loopback address (reach it with kubectl port-forward) unless allowRemote says
+	// otherwise: a heap profile holds whatever the hub holds, tokens of the moment too.
+	Pprof struct {
+		Listen      string `yaml:"listen"`
+		AllowRemote bool   `yaml:"allowRemote"`
+	} `yaml:"pprof"`
 	TLS struct {
 		CertFile string `yaml:"certFile"`
 		KeyFile  string `yaml:"keyFile"`
@@ -276,6 +285,9 @@ func (c *Config) check() error {
 	if c.Listen.HTTP == "" {
 		c.Listen.HTTP = ":8080"
 	}
+	if p := c.Pprof; p.Listen != "" && !p.AllowRemote && !loopbackAddress(p.Listen) {
+		return fmt.Errorf("pprof.listen: %q is not a loopback address (127.0.0.1:6060, [::1]:6060, localhost:6060); the profiles hold what the hub holds: set pprof.allowRemote to serve them beyond the hub's own machine", p.Listen)
+	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		return errors.New("tls: give both certFile and keyFile")
 	}
@@ -447,6 +459,19 @@ func (c *Config) checkWorkloadNamespaces(sourceNamespaces map[string]bool) error
 		}
 	}
 	return nil
+}
+
+// loopbackAddress reports whether addr, host:port, listens on loopback only.
+func loopbackAddress(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // readSecret reads a secret file, trimmed of the newline editors leave.

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -105,6 +108,8 @@ func TestLoadConfigRefuses(t *testing.T) {
 		{"two sources of one tenant, naming both", func(s string) string {
 			return s + "- name: other\n  url: https://git.example/other.git\n  tenant: acme\n  namespace: other\n"
 		}, "sources acme and other both follow tenant acme"},
+		{"profiles on every interface", func(s string) string { return s + "pprof:\n  listen: :6060\n" }, "pprof.listen: \":6060\" is not a loopback address"},
+		{"profiles on a pod's address", func(s string) string { return s + "pprof:\n  listen: 10.0.0.7:6060\n" }, "not a loopback address"},
 		{"a tenant with a dot", func(s string) string { return strings.Replace(s, "tenant: acme", "tenant: acme.us", 1) }, `"acme.us" is not a DNS label`},
 		{"a tenant in capitals", func(s string) string { return strings.Replace(s, "tenant: acme", "tenant: Acme", 1) }, `"Acme" is not a DNS label`},
 		{"one hub namespace claimed by two sources, naming both", func(s string) string {
@@ -129,5 +134,47 @@ func TestLoadConfigRefuses(t *testing.T) {
 				t.Fatal("the error shows the password")
 			}
 		})
+	}
+}
+
+// Go's profiles are off by default, served on loopback when asked, and beyond it only
+// when the configuration says so in as many words.
+func TestProfilesAreServedOnLoopbackUnlessAllowedBeyond(t *testing.T) {
+	for _, tc := range []struct {
+		name, add string
+		want      string
+	}{
+		{"off by default", "", ""},
+		{"loopback", "pprof:\n  listen: 127.0.0.1:6060\n", "127.0.0.1:6060"},
+		{"localhost", "pprof:\n  listen: localhost:6060\n", "localhost:6060"},
+		{"IPv6 loopback", "pprof:\n  listen: \"[::1]:6060\"\n", "[::1]:6060"},
+		{"every interface, allowed", "pprof:\n  listen: :6060\n  allowRemote: true\n", ":6060"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := LoadConfig(writeConfig(t, goodConfig+tc.add))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Pprof.Listen != tc.want {
+				t.Fatalf("pprof.listen %q, want %q", cfg.Pprof.Listen, tc.want)
+			}
+		})
+	}
+}
+
+// The profiles' listener serves what an operator asks of a hub in the field.
+func TestTheProfilesListenerServesGoroutinesAndHeap(t *testing.T) {
+	srv := httptest.NewServer(pprofMux())
+	t.Cleanup(srv.Close)
+	for path, want := range map[string]string{"/debug/pprof/": "goroutine", "/debug/pprof/goroutine?debug=1": "goroutine profile:", "/debug/pprof/heap?debug=1": "heap profile:"} {
+		resp, err := srv.Client().Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+			t.Fatalf("GET %s: %d, %.200s; want 200 with %q", path, resp.StatusCode, body, want)
+		}
 	}
 }

@@ -182,6 +182,11 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- httpSrv.Serve(httpL) }()
 	defer httpSrv.Close()
+	if cfg.Pprof.Listen != "" {
+		if err := servePprof(ctx, cfg.Pprof.Listen, log); err != nil {
+			return err
+		}
+	}
 	// Counted on every replica, so that the series exist before a replica leads.
 	tunnelLimit := limitOptions{Name: "tunnel", Max: conns.Tunnel.Max, Counts: m.connections("tunnel", conns.Tunnel.Max), Log: log}
 

@@ -127,6 +127,7 @@ pod's environment or in the release's values.
 {{- with $l }}{{ $_ := set $conns $which . }}{{ end -}}
 {{- end -}}
 {{- with $conns }}{{ $_ := set $cfg "connections" . }}{{ end -}}
+{{- with ($v.pprof | default dict).listen }}{{ $_ := set $cfg "pprof" (dict "listen" . "allowRemote" (($v.pprof).allowRemote | default false)) }}{{ end -}}
 {{- $_ := set $cfg "leaderElection" (dict "enabled" true "namespace" .Release.Namespace "name" (include "flotilla-hub.fullname" .)) -}}
 {{- $plans := dict -}}
 {{- with $v.plans.timeout }}{{ $_ := set $plans "timeout" . }}{{ end -}}
