@@ -64,10 +64,12 @@ type Backend struct {
 	mu    sync.Mutex
 	store *memory.Storage
 	repo  *git.Repository
-	// kept is how many objects the store held when it last kept only the newest notes,
-	// and written how many bytes of objects were written since (see keepNewest).
-	kept    int
-	written int64
+	// kept is how many objects, and keptBytes how many bytes of them, the store held
+	// when it last kept only the newest notes, and written how many bytes of objects
+	// were written since (see keepNewest).
+	kept      int
+	keptBytes int64
+	written   int64
 	// hangs counts the connections given up on (see gitconn).
 	hangs gitconn.Hangs
 }
@@ -127,7 +129,10 @@ func (b *Backend) open(st *memory.Storage) error {
 		return fmt.Errorf("gitnotes: %w", err)
 	}
 	b.store, b.repo = st, repo
-	b.kept, b.written = len(st.Objects), 0
+	b.kept, b.keptBytes, b.written = len(st.Objects), 0, 0
+	for _, o := range st.Objects {
+		b.keptBytes += o.Size()
+	}
 	return nil
 }
 
@@ -137,7 +142,7 @@ func (b *Backend) open(st *memory.Storage) error {
 // for weeks would otherwise hold in memory all along. The store is then shallow at
 // head, which the next fetch and push build on.
 func (b *Backend) keepNewest(head plumbing.Hash) error {
-	if head.IsZero() || (len(b.store.Objects) <= 2*b.kept+keepSlack && b.written <= keepBytes) {
+	if head.IsZero() || (len(b.store.Objects) <= 2*b.kept+keepSlack && b.written <= max(keepBytes, b.keptBytes)) {
 		return nil
 	}
 	c, err := b.repo.CommitObject(head)
@@ -168,10 +173,13 @@ func (b *Backend) keepNewest(head plumbing.Hash) error {
 }
 
 // The store keeps only the newest notes once it holds twice what it did then and
-// keepSlack objects more, or keepBytes were written since: a few dozen statuses set.
+// keepSlack objects more, or once what was written since outweighs what it kept, and
+// keepBytes. Every status set writes the notes' root tree again, 256 entries once the
+// notes fan out: counted in bytes, the versions a hub holds between two keeps stay
+// within about what the newest notes weigh, not tens of MiB of trees gone by.
 const (
 	keepSlack = 64
-	keepBytes = 64 << 20
+	keepBytes = 1 << 20
 )
 
 // Canonical is st itself: a note has no length limit and keeps all four states.
