@@ -66,9 +66,10 @@ test: testbin
 # each of the four status backends, without the race detector: the hub's resident memory,
 # live heap and goroutines every 500 pushes, in bin/soak.txt (the whole log in bin/soak.log).
 SOAK_PUSHES ?= 5000
+SOAK_BACKENDS ?= all
 soak: testbin
 	@mkdir -p bin
-	$(TESTBIN_ENV) FLOTILLA_SOAK_PUSHES=$(SOAK_PUSHES) FLOTILLA_SOAK_BACKENDS=all \
+	$(TESTBIN_ENV) FLOTILLA_SOAK_PUSHES=$(SOAK_PUSHES) FLOTILLA_SOAK_BACKENDS=$(SOAK_BACKENDS) \
 		$(GO) test -run '^TestSoakPushesLeaveTheHubFlat$$' -v -count=1 -timeout 6h ./test/e2e/ 2>&1 \
 		| tee bin/soak.log | grep -E 'soak_test.go|^(--- |ok|FAIL|panic)' | tee bin/soak.txt
 
