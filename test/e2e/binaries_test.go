@@ -136,7 +136,7 @@ sources:
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fleetRepo{t: t, dir: checkout, repo: repo, notes: notes, tenant: tenant, ns: ns}
+	f := &fleetRepo{t: t, dir: checkout, repo: repo, notes: notes, statuses: notes, tenant: tenant, ns: ns}
 	repo.Branch("main", "add-gpu-p")
 	valuesP, branchHead := f.addCluster("add-gpu-p", "gpu-p")
 	repo.SetRef("refs/pull/1/head", "add-gpu-p")
