@@ -113,10 +113,11 @@ func (s *Source) publish(ctx context.Context, wc *v1alpha1.WorkerCluster) {
 // are ready and how many fail, linking to the hub's page of the head, which lists every
 // cluster's state (status_book.go says why a large change leans on it). A push whose
 // older commit changed every cluster gets it on that commit too, linking to its page.
+// Only runSummary calls it, one call at a time (summary.go).
 func (s *Source) publishFleet(ctx context.Context) {
 	s.mu.Lock()
 	if s.applying {
-		// The sync posts the new head's summary once it set the head.
+		// The sync asks for the new head's summary once it set the head.
 		s.mu.Unlock()
 		return
 	}

@@ -243,14 +243,18 @@ func (s *Source) refreshNext(ctx context.Context) bool {
 	return true
 }
 
-// Sync fetches the branch and reconciles what its new head changed, then wakes the
-// plan worker, which plans the pull requests whose heads are new without holding up the
-// next sync.
+// Sync fetches the branch and reconciles what its new head changed, asks for the
+// fleet's summary, then wakes the plan worker, which plans the pull requests whose heads
+// are new without holding up the next sync.
 func (s *Source) Sync(ctx context.Context) error {
 	// The statuses of a new head are counted before they are posted: see status_book.go.
 	s.book.beginSync()
 	err := s.syncBranch(ctx)
 	s.endSync()
+	// The new head's summary, once the head is set; on a poll that found nothing new,
+	// the same summary again, which the publisher posts only if the commit does not show
+	// it (summary.go).
+	s.publishFleetSoon()
 	s.wakePlans()
 	return err
 }

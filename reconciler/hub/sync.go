@@ -121,7 +121,6 @@ func (s *Source) syncBranch(ctx context.Context) error {
 		s.mu.Unlock()
 	}
 	s.setHead(snap.Commit, f, fleetErr, wide)
-	s.publishFleet(ctx)
 	s.wakeDispatch()
 	return nil
 }
