@@ -6,9 +6,12 @@
 // A note holds one JSON document per commit with the newest status of every context and
 // how many times each was set. Writers fetch the notes ref, change the note, commit and
 // push without force; a push that lost a race with another writer is redone on top of
-// the winner's notes, so nothing written is lost. A writer fetches and holds only the
-// newest notes, never their history, and fans the notes tree out as git does once it
-// grows, so that what one status costs does not grow with every status set before.
+// the winner's notes, so nothing written is lost. A writer fetches only the newest
+// notes, never their history, and fans the notes tree out as git does once it grows, so
+// that what one status costs does not grow with every status set before. It holds the
+// newest notes commit and its trees, which say where each note is, and the newest few
+// notes themselves: an older note is fetched again when it is read, so that what a hub
+// holds does not grow with every note it ever wrote.
 //
 // Every connection to the server is given up when the context of the call ends, over
 // SSH too, whose connection go-git starts with no context: a server that accepts and
@@ -31,9 +34,9 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/object"
-	"github.com/go-git/go-git/v5/plumbing/revlist"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	"github.com/go-git/go-git/v5/storage/memory"
+	"k8s.io/utils/lru"
 
 	"github.com/flotilla-gitops/flotilla/gitsource"
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
@@ -64,15 +67,20 @@ type Backend struct {
 	mu    sync.Mutex
 	store *memory.Storage
 	repo  *git.Repository
-	// kept is how many objects, and keptBytes how many bytes of them, the store held
-	// when it last kept only the newest notes, and written how many bytes of objects
-	// were written since (see keepNewest).
-	kept      int
-	keptBytes int64
-	written   int64
+	// notes are the contents of the newest notes read or written, by blob: the store
+	// holds the notes' commit and trees only (see keepNewest).
+	notes *lru.Cache
 	// hangs counts the connections given up on (see gitconn).
 	hangs gitconn.Hangs
 }
+
+// heldNotes is how many notes a backend holds, and heldNoteSize the largest it holds:
+// the publisher reads a commit's statuses once and then writes them, so the notes of
+// the commits a hub posts to now are read from memory; any other is fetched.
+const (
+	heldNotes    = 64
+	heldNoteSize = 64 << 10
+)
 
 var _ commitstatus.Backend = (*Backend)(nil)
 
@@ -115,7 +123,7 @@ func New(opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gitnotes: the URL %s: %s", gitsource.RedactURL(opts.URL), gitsource.RedactError(err, opts.Auth, opts.URL))
 	}
-	b := &Backend{opts: opts, ep: ep}
+	b := &Backend{opts: opts, ep: ep, notes: lru.New(heldNotes)}
 	if err := b.open(memory.NewStorage()); err != nil {
 		return nil, err
 	}
@@ -129,39 +137,61 @@ func (b *Backend) open(st *memory.Storage) error {
 		return fmt.Errorf("gitnotes: %w", err)
 	}
 	b.store, b.repo = st, repo
-	b.kept, b.keptBytes, b.written = len(st.Objects), 0, 0
-	for _, o := range st.Objects {
-		b.keptBytes += o.Size()
-	}
 	return nil
 }
 
-// keepNewest drops every object but the notes commit head and its tree, once the store
-// has grown well past that: the notes' history is never read again, and every status
-// set writes a new version of its note and of the notes' tree, which a hub that posts
-// for weeks would otherwise hold in memory all along. The store is then shallow at
-// head, which the next fetch and push build on.
+// keepNewest drops every object but the notes commit head and its trees, and keeps the
+// notes the store holds, up to heldNotes, among the newest: the notes' history is never
+// read again, and every status set writes a new note, a new version of the trees on its
+// path and a commit, which a hub that posts for weeks would otherwise hold all along,
+// and with them every note it ever wrote or fetched. The trees stay: they say where
+// each note is and are written anew on every set; a note that is read again is fetched.
+// The store is then shallow at head, which the next fetch and push build on.
 func (b *Backend) keepNewest(head plumbing.Hash) error {
-	if head.IsZero() || (len(b.store.Objects) <= 2*b.kept+keepSlack && b.written <= max(keepBytes, b.keptBytes)) {
+	if head.IsZero() {
 		return nil
 	}
 	c, err := b.repo.CommitObject(head)
 	if err != nil {
 		return fmt.Errorf("gitnotes: %s at %s: %w", b.opts.Ref, head, err)
 	}
-	newest, err := revlist.Objects(b.repo.Storer, []plumbing.Hash{c.TreeHash}, nil)
-	if err != nil {
-		return fmt.Errorf("gitnotes: tree of %s at %s: %w", b.opts.Ref, head, err)
-	}
 	st := memory.NewStorage()
-	for _, h := range append(newest, head) {
-		o, err := b.repo.Storer.EncodedObject(plumbing.AnyObject, h)
+	keep := func(h plumbing.Hash) (plumbing.EncodedObject, error) {
+		o, err := b.store.EncodedObject(plumbing.AnyObject, h)
 		if err != nil {
-			return fmt.Errorf("gitnotes: %s at %s: %w", b.opts.Ref, head, err)
+			return nil, fmt.Errorf("gitnotes: %s at %s: %w", b.opts.Ref, head, err)
 		}
 		if _, err := st.SetEncodedObject(o); err != nil {
-			return fmt.Errorf("gitnotes: %w", err)
+			return nil, fmt.Errorf("gitnotes: %w", err)
 		}
+		return o, nil
+	}
+	if _, err := keep(head); err != nil {
+		return err
+	}
+	trees := []plumbing.Hash{c.TreeHash}
+	for len(trees) > 0 {
+		h := trees[len(trees)-1]
+		trees = trees[:len(trees)-1]
+		if _, ok := st.Objects[h]; ok {
+			continue
+		}
+		o, err := keep(h)
+		if err != nil {
+			return err
+		}
+		var t object.Tree
+		if err := t.Decode(o); err != nil {
+			return fmt.Errorf("gitnotes: tree of %s at %s: %w", b.opts.Ref, head, err)
+		}
+		for _, e := range t.Entries {
+			if e.Mode == filemode.Dir {
+				trees = append(trees, e.Hash)
+			}
+		}
+	}
+	for h, o := range b.store.Blobs {
+		b.hold(h, o)
 	}
 	if err := st.SetShallow([]plumbing.Hash{head}); err != nil {
 		return fmt.Errorf("gitnotes: %w", err)
@@ -172,15 +202,58 @@ func (b *Backend) keepNewest(head plumbing.Hash) error {
 	return b.open(st)
 }
 
-// The store keeps only the newest notes once it holds twice what it did then and
-// keepSlack objects more, or once what was written since outweighs what it kept, and
-// keepBytes. Every status set writes the notes' root tree again, 256 entries once the
-// notes fan out: counted in bytes, the versions a hub holds between two keeps stay
-// within about what the newest notes weigh, not tens of MiB of trees gone by.
-const (
-	keepSlack = 64
-	keepBytes = 1 << 20
-)
+// advance makes the store hold next, which a push just took from head to the server,
+// as keepNewest would, without going through every tree: the store held head and its
+// trees, and ch says which of them next wrote anew. The note written is held among the
+// newest.
+func (b *Backend) advance(head, next plumbing.Hash, ch change) error {
+	if head.IsZero() {
+		return b.keepNewest(next)
+	}
+	added := map[plumbing.Hash]bool{}
+	for _, h := range ch.added {
+		added[h] = true
+	}
+	if o, err := b.store.EncodedObject(plumbing.BlobObject, ch.added[0]); err == nil {
+		b.hold(o.Hash(), o)
+	}
+	b.remove(ch.added[0], head)
+	for _, h := range ch.replaced {
+		if !added[h] {
+			b.remove(h)
+		}
+	}
+	if err := b.store.SetShallow([]plumbing.Hash{next}); err != nil {
+		return fmt.Errorf("gitnotes: %w", err)
+	}
+	return nil
+}
+
+// remove drops the objects hs from the store.
+func (b *Backend) remove(hs ...plumbing.Hash) {
+	for _, h := range hs {
+		delete(b.store.Objects, h)
+		delete(b.store.Commits, h)
+		delete(b.store.Trees, h)
+		delete(b.store.Blobs, h)
+	}
+}
+
+// hold keeps the note blob o, named h, among the newest notes, unless it is larger
+// than heldNoteSize.
+func (b *Backend) hold(h plumbing.Hash, o plumbing.EncodedObject) {
+	if o.Size() > heldNoteSize {
+		return
+	}
+	r, err := o.Reader()
+	if err != nil {
+		return
+	}
+	defer r.Close()
+	if data, err := io.ReadAll(r); err == nil {
+		b.notes.Add(h, data)
+	}
+}
 
 // Canonical is st itself: a note has no length limit and keeps all four states.
 func (b *Backend) Canonical(st commitstatus.Status) commitstatus.Status { return st }
@@ -210,7 +283,7 @@ func (b *Backend) Read(ctx context.Context, commit string) (Note, error) {
 	if err != nil {
 		return Note{}, err
 	}
-	n, _, err := b.note(head, h)
+	n, _, err := b.note(ctx, head, h)
 	return n, err
 }
 
@@ -227,7 +300,12 @@ func (b *Backend) Set(ctx context.Context, commit string, st commitstatus.Status
 		if err != nil {
 			return err
 		}
-		n, _, err := b.note(head, h)
+		n, _, err := b.note(ctx, head, h)
+		if errors.Is(err, errMoved) {
+			// The note changed since head, and was not held: the notes fetched next
+			// bring it.
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -236,14 +314,17 @@ func (b *Backend) Set(ctx context.Context, commit string, st commitstatus.Status
 		}
 		e := n.Statuses[st.Context]
 		n.Statuses[st.Context] = Entry{State: st.State, Description: st.Description, TargetURL: st.TargetURL, Updated: b.opts.Now().UTC(), Count: e.Count + 1}
-		next, err := b.commit(head, h, n, fmt.Sprintf("%s: %s on %s", st.Context, st.State, h))
+		next, written, err := b.commit(head, h, n, fmt.Sprintf("%s: %s on %s", st.Context, st.State, h))
 		if err != nil {
 			return err
 		}
-		err = b.push(ctx, head, next)
+		err = b.push(ctx, head, next, written.added)
 		if err == nil {
-			return b.keepNewest(next)
+			return b.advance(head, next, written)
 		}
+		// What this attempt wrote was not taken: it goes, or the store would keep it
+		// until another writer's notes are fetched.
+		b.remove(written.added...)
 		// A writer that pushed first shows as the ref moved from head, or, when both
 		// pushes met on the server, as whatever the losing receive-pack said: either way
 		// the ref has moved, and the change is redone on top of it.
@@ -258,7 +339,7 @@ func (b *Backend) Set(ctx context.Context, commit string, st commitstatus.Status
 }
 
 // note reads the note on commit in the notes commit head, with the path it is at.
-func (b *Backend) note(head, commit plumbing.Hash) (Note, string, error) {
+func (b *Backend) note(ctx context.Context, head, commit plumbing.Hash) (Note, string, error) {
 	if head.IsZero() {
 		return Note{}, "", nil
 	}
@@ -266,25 +347,13 @@ func (b *Backend) note(head, commit plumbing.Hash) (Note, string, error) {
 	if err != nil {
 		return Note{}, "", err
 	}
-	p, ok, err := findNote(tree, commit.String())
+	p, blob, ok, err := findNote(tree, commit.String())
 	if err != nil || !ok {
 		return Note{}, "", err
 	}
-	f, err := tree.File(p)
+	data, err := b.blob(ctx, head, blob)
 	if err != nil {
 		return Note{}, "", fmt.Errorf("gitnotes: note of %s: %w", commit, err)
-	}
-	r, err := f.Reader()
-	if err != nil {
-		return Note{}, "", fmt.Errorf("gitnotes: note of %s: %w", commit, err)
-	}
-	defer r.Close()
-	data, err := io.ReadAll(io.LimitReader(r, maxNote+1))
-	if err != nil {
-		return Note{}, "", fmt.Errorf("gitnotes: note of %s: %w", commit, err)
-	}
-	if len(data) > maxNote {
-		return Note{}, "", fmt.Errorf("gitnotes: note of %s is larger than %d bytes", commit, maxNote)
 	}
 	var n Note
 	if err := json.Unmarshal(data, &n); err != nil {
@@ -308,26 +377,60 @@ func (b *Backend) notesTree(head plumbing.Hash) (*object.Tree, error) {
 	return t, nil
 }
 
+// blob is the content of the note blob h of the notes commit head: held, or else
+// fetched.
+func (b *Backend) blob(ctx context.Context, head, h plumbing.Hash) ([]byte, error) {
+	if v, ok := b.notes.Get(h); ok {
+		return v.([]byte), nil
+	}
+	o, err := b.store.EncodedObject(plumbing.BlobObject, h)
+	if errors.Is(err, plumbing.ErrObjectNotFound) {
+		o, err = b.fetchBlob(ctx, head, h)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if o.Size() > maxNote {
+		return nil, fmt.Errorf("larger than %d bytes", maxNote)
+	}
+	r, err := o.Reader()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	data, err := io.ReadAll(io.LimitReader(r, maxNote+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxNote {
+		return nil, fmt.Errorf("larger than %d bytes", maxNote)
+	}
+	if len(data) <= heldNoteSize {
+		b.notes.Add(h, data)
+	}
+	return data, nil
+}
+
 // findNote finds the note of the object named hex, flat or under the fan-out
-// directories git notes makes in large notes trees (ab/cdef...).
-func findNote(t *object.Tree, hex string) (string, bool, error) {
+// directories git notes makes in large notes trees (ab/cdef...): its path and blob.
+func findNote(t *object.Tree, hex string) (string, plumbing.Hash, bool, error) {
 	prefix := ""
 	for rest := hex; ; {
 		for _, e := range t.Entries {
 			if e.Name == rest && e.Mode.IsFile() {
-				return prefix + rest, true, nil
+				return prefix + rest, e.Hash, true, nil
 			}
 		}
 		if len(rest) <= 2 {
-			return "", false, nil
+			return "", plumbing.ZeroHash, false, nil
 		}
 		e, err := t.FindEntry(rest[:2])
 		if err != nil || e.Mode != filemode.Dir {
-			return "", false, nil
+			return "", plumbing.ZeroHash, false, nil
 		}
 		sub, err := t.Tree(rest[:2])
 		if err != nil {
-			return "", false, err
+			return "", plumbing.ZeroHash, false, err
 		}
 		prefix, rest, t = prefix+rest[:2]+"/", rest[2:], sub
 	}
@@ -363,14 +466,30 @@ func newNotePath(t *object.Tree, hex string) (string, error) {
 	}
 }
 
+// change is what a notes commit wrote on top of the one before.
+type change struct {
+	// added are the objects written, the note's blob first: what a push sends.
+	added []plumbing.Hash
+	// replaced are the trees of the commit before that it wrote anew.
+	replaced []plumbing.Hash
+}
+
 // commit writes a notes commit on top of head with commit's note set to n.
-func (b *Backend) commit(head, commit plumbing.Hash, n Note, msg string) (plumbing.Hash, error) {
+func (b *Backend) commit(head, commit plumbing.Hash, n Note, msg string) (plumbing.Hash, change, error) {
+	var ch change
 	data, err := json.MarshalIndent(n, "", "  ")
 	if err != nil {
-		return plumbing.ZeroHash, err
+		return plumbing.ZeroHash, ch, err
 	}
 	data = append(data, '\n')
-	blob, err := b.write(func(o plumbing.EncodedObject) error {
+	write := func(encode func(plumbing.EncodedObject) error) (plumbing.Hash, error) {
+		h, err := b.write(encode)
+		if err == nil {
+			ch.added = append(ch.added, h)
+		}
+		return h, err
+	}
+	blob, err := write(func(o plumbing.EncodedObject) error {
 		o.SetType(plumbing.BlobObject)
 		w, err := o.Writer()
 		if err != nil {
@@ -382,39 +501,42 @@ func (b *Backend) commit(head, commit plumbing.Hash, n Note, msg string) (plumbi
 		return w.Close()
 	})
 	if err != nil {
-		return plumbing.ZeroHash, err
+		return plumbing.ZeroHash, ch, err
 	}
 	var root *object.Tree
 	var parents []plumbing.Hash
 	notePath := commit.String()
 	if !head.IsZero() {
 		if root, err = b.notesTree(head); err != nil {
-			return plumbing.ZeroHash, err
+			return plumbing.ZeroHash, ch, err
 		}
 		parents = []plumbing.Hash{head}
-		if p, ok, err := findNote(root, commit.String()); err != nil {
-			return plumbing.ZeroHash, err
+		if p, _, ok, err := findNote(root, commit.String()); err != nil {
+			return plumbing.ZeroHash, ch, err
 		} else if ok {
 			notePath = p
 		} else if notePath, err = newNotePath(root, commit.String()); err != nil {
-			return plumbing.ZeroHash, err
+			return plumbing.ZeroHash, ch, err
 		}
 	}
-	treeHash, err := b.replace(root, strings.Split(notePath, "/"), blob)
+	treeHash, err := b.replace(write, &ch, root, strings.Split(notePath, "/"), blob)
 	if err != nil {
-		return plumbing.ZeroHash, err
+		return plumbing.ZeroHash, ch, err
 	}
 	sig := b.opts.Author
 	sig.When = b.opts.Now()
 	c := &object.Commit{Author: sig, Committer: sig, Message: msg + "\n", TreeHash: treeHash, ParentHashes: parents}
-	return b.write(func(o plumbing.EncodedObject) error { return c.Encode(o) })
+	next, err := write(func(o plumbing.EncodedObject) error { return c.Encode(o) })
+	return next, ch, err
 }
 
-// replace writes a copy of t (nil for an empty tree) with the file at path set to blob.
-func (b *Backend) replace(t *object.Tree, path []string, blob plumbing.Hash) (plumbing.Hash, error) {
+// replace writes, with write, a copy of t (nil for an empty tree) with the file at path
+// set to blob, and counts t in ch as replaced.
+func (b *Backend) replace(write func(func(plumbing.EncodedObject) error) (plumbing.Hash, error), ch *change, t *object.Tree, path []string, blob plumbing.Hash) (plumbing.Hash, error) {
 	var entries []object.TreeEntry
 	if t != nil {
 		entries = append(entries, t.Entries...)
+		ch.replaced = append(ch.replaced, t.Hash)
 	}
 	name := path[0]
 	entry := object.TreeEntry{Name: name, Mode: filemode.Regular, Hash: blob}
@@ -425,7 +547,7 @@ func (b *Backend) replace(t *object.Tree, path []string, blob plumbing.Hash) (pl
 				sub = s
 			}
 		}
-		h, err := b.replace(sub, path[1:], blob)
+		h, err := b.replace(write, ch, sub, path[1:], blob)
 		if err != nil {
 			return plumbing.ZeroHash, err
 		}
@@ -449,7 +571,7 @@ func (b *Backend) replace(t *object.Tree, path []string, blob plumbing.Hash) (pl
 	}
 	sort.Slice(entries, func(i, j int) bool { return key(entries[i]) < key(entries[j]) })
 	nt := &object.Tree{Entries: entries}
-	return b.write(func(o plumbing.EncodedObject) error { return nt.Encode(o) })
+	return write(func(o plumbing.EncodedObject) error { return nt.Encode(o) })
 }
 
 func (b *Backend) write(encode func(plumbing.EncodedObject) error) (plumbing.Hash, error) {
@@ -457,7 +579,6 @@ func (b *Backend) write(encode func(plumbing.EncodedObject) error) (plumbing.Has
 	if err := encode(o); err != nil {
 		return plumbing.ZeroHash, fmt.Errorf("gitnotes: encoding: %w", err)
 	}
-	b.written += o.Size()
 	return b.repo.Storer.SetEncodedObject(o)
 }
 

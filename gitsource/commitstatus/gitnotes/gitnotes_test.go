@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -244,9 +246,9 @@ func TestAWriterHoldsOnlyTheNewestNotes(t *testing.T) {
 		}
 		most = max(most, hub.Held())
 	}
-	// The newest notes are a commit, the notes tree and a note per commit: 5 objects.
-	// Every set adds 3; the hub lets them pile up to twice what it kept, and 64 more.
-	if limit := 2*5 + 64 + 3; most > limit {
+	// The newest notes are a commit, the notes tree and a note per commit: the hub's
+	// store holds the commit and the tree, the notes beside it.
+	if limit := 2; most > limit {
 		t.Fatalf("after %d statuses set, the hub held up to %d objects, more than %d", sets, most, limit)
 	}
 
@@ -310,3 +312,99 @@ func TestAFullNotesTreeFansOutNewNotes(t *testing.T) {
 		t.Fatalf("Latest = %v, %v", got, err)
 	}
 }
+
+// What a hub holds of the notes is bounded by what it keeps, not by what it wrote or
+// fetched: the newest notes commit and its trees, which say where each note is, and up
+// to HeldNotes notes; an older note is fetched again when it is read, by itself from a
+// server that allows it, else with the newest notes, of which it alone is kept.
+func TestAWriterHoldsTheNotesTreesNotEveryNote(t *testing.T) {
+	tests := []struct {
+		name string
+		// alone lets clients ask for any object the refs reach, as GitHub, GitLab and
+		// Gitea do.
+		alone bool
+	}{
+		{"the note fetched with the newest notes", false},
+		{"the note fetched alone", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := gitserver.Start(t)
+			repo := srv.NewRepo(t, "fleet", "")
+			repo.Commit("main", "add a cluster", map[string][]byte{"clusters/a/cluster.yaml": []byte("name: a\n")})
+			if tt.alone {
+				git(t, srv.Path("fleet"), "config", "uploadpack.allowReachableSHA1InWant", "true")
+			}
+			// Older notes than a hub holds, written by git: a note each on seeded
+			// commits, all in the notes' root tree.
+			const seeded = 300
+			dir := t.TempDir()
+			git(t, dir, "init", "-q")
+			var paths, tree strings.Builder
+			for i := range seeded {
+				p := filepath.Join(dir, fmt.Sprintf("note-%d.json", i))
+				note := fmt.Sprintf(`{"statuses":{"flotilla/a":{"state":"pending","description":"seeded %d","updated":"2026-01-01T00:00:00Z","count":1}}}`, i)
+				if err := os.WriteFile(p, []byte(note), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				fmt.Fprintln(&paths, p)
+			}
+			for i, blob := range strings.Split(gitIn(t, dir, paths.String(), "hash-object", "-w", "--stdin-paths"), "\n") {
+				fmt.Fprintf(&tree, "100644 blob %s\t%s\n", blob, seededCommit(i))
+			}
+			notes := git(t, dir, "commit-tree", gitIn(t, dir, tree.String(), "mktree"), "-m", "seeded notes")
+			git(t, dir, "push", "-q", repo.URL(), notes+":refs/notes/flotilla")
+
+			hub := newBackend(t, repo.URL())
+			const sets = 40
+			for i := range sets {
+				// New commits' notes, which fan out below the full root tree, and now and
+				// then an older note set again, which the hub no longer holds.
+				if err := hub.Set(ctxT(t), fmt.Sprintf("%040x", 1_000_000+i), commitstatus.Status{Context: "flotilla/a", State: commitstatus.Pending, Description: fmt.Sprintf("set %d", i)}); err != nil {
+					t.Fatal(err)
+				}
+				if i%4 == 0 {
+					if err := hub.Set(ctxT(t), seededCommit(i*7), commitstatus.Status{Context: "flotilla/a", State: commitstatus.Success, Description: "set again"}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if commits, _, blobs, notes := hub.HeldObjects(); commits != 1 || blobs != 0 || notes > gitnotes.HeldNotes {
+					t.Fatalf("after %d statuses set on %d notes, the hub holds %d notes commits, %d notes in its store and %d beside, want 1, 0 and at most %d",
+						i+1+i/4, seeded+i+1, commits, blobs, notes, gitnotes.HeldNotes)
+				}
+			}
+			git(t, dir, "fetch", "-q", repo.URL(), "+refs/notes/flotilla:refs/notes/flotilla")
+			treesOnServer := 1 + len(strings.Fields(git(t, dir, "ls-tree", "-r", "-d", "--name-only", "refs/notes/flotilla")))
+			if _, trees, _, _ := hub.HeldObjects(); trees != treesOnServer {
+				t.Fatalf("the hub holds %d trees of the notes, want the %d of the newest notes", trees, treesOnServer)
+			}
+
+			// The notes the hub no longer holds read as they are, fetched again.
+			for _, want := range []struct {
+				commit string
+				state  commitstatus.State
+				count  int
+			}{
+				{seededCommit(0), commitstatus.Success, 2},
+				{seededCommit(1), commitstatus.Pending, 1},
+				{seededCommit(seeded - 1), commitstatus.Pending, 1},
+				{fmt.Sprintf("%040x", 1_000_000), commitstatus.Pending, 1},
+			} {
+				note, err := hub.Read(ctxT(t), want.commit)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if e := note.Statuses["flotilla/a"]; e.State != want.state || e.Count != want.count {
+					t.Errorf("the note of %.8s reads %s set %d times, want %s set %d times", want.commit, e.State, e.Count, want.state, want.count)
+				}
+			}
+			if shown := git(t, dir, "notes", "--ref", "flotilla", "show", seededCommit(28)); !strings.Contains(shown, `"count": 2`) {
+				t.Fatalf("git reads\n%s\nfor a note set again", shown)
+			}
+		})
+	}
+}
+
+// seededCommit names the commit of the ith note TestAWriterHoldsTheNotesTreesNotEveryNote
+// seeds.
+func seededCommit(i int) string { return fmt.Sprintf("%040x", i+1) }

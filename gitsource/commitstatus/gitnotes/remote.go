@@ -12,9 +12,9 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp/capability"
-	"github.com/go-git/go-git/v5/plumbing/revlist"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	"github.com/go-git/go-git/v5/plumbing/transport/client"
+	"github.com/go-git/go-git/v5/storage/memory"
 
 	"github.com/flotilla-gitops/flotilla/gitsource/internal/gitconn"
 )
@@ -89,18 +89,9 @@ func (b *Backend) fetch(ctx context.Context) (plumbing.Hash, error) {
 // fetchPack brings the notes commit want and its tree into the store, in the session
 // up that advertised adv.
 func (b *Backend) fetchPack(ctx context.Context, up transport.UploadPackSession, adv *packp.AdvRefs, want plumbing.Hash) error {
-	req := packp.NewUploadPackRequestFromCapabilities(adv.Capabilities)
-	req.Wants = []plumbing.Hash{want}
-	// Only the newest notes are read: the history below them, which grows with every
-	// status set, is not fetched.
-	req.Depth = packp.DepthCommits(1)
-	if err := req.Capabilities.Set(capability.Shallow); err != nil {
+	req, err := b.newUploadRequest(adv, want, true)
+	if err != nil {
 		return err
-	}
-	if adv.Capabilities.Supports(capability.NoProgress) {
-		if err := req.Capabilities.Set(capability.NoProgress); err != nil {
-			return err
-		}
 	}
 	shallow, err := b.store.Shallow()
 	if err != nil {
@@ -132,10 +123,76 @@ func (b *Backend) fetchPack(ctx context.Context, up transport.UploadPackSession,
 	return b.store.SetShallow(shallow)
 }
 
+// newUploadRequest asks for want, only the newest commit of it when newest. The pack
+// asked for is whole: a thin one may name as the base of a delta a note the store no
+// longer holds.
+func (b *Backend) newUploadRequest(adv *packp.AdvRefs, want plumbing.Hash, newest bool) (*packp.UploadPackRequest, error) {
+	req := packp.NewUploadPackRequestFromCapabilities(adv.Capabilities)
+	req.Capabilities.Delete(capability.ThinPack)
+	req.Wants = []plumbing.Hash{want}
+	if newest {
+		// Only the newest notes are read: the history below them, which grows with every
+		// status set, is not fetched.
+		req.Depth = packp.DepthCommits(1)
+		if err := req.Capabilities.Set(capability.Shallow); err != nil {
+			return nil, err
+		}
+	}
+	if adv.Capabilities.Supports(capability.NoProgress) {
+		if err := req.Capabilities.Set(capability.NoProgress); err != nil {
+			return nil, err
+		}
+	}
+	return req, nil
+}
+
+// fetchBlob fetches the note h in the notes commit head, whose trees the store holds
+// without their notes. A server that lets a client ask for any object its refs reach
+// (allow-reachable-sha1-in-want: GitHub, GitLab and Gitea do) sends the note alone;
+// another sends the newest notes whole, of which the note alone is kept. It fails with
+// errMoved when the note is no longer in the server's newest notes.
+func (b *Backend) fetchBlob(ctx context.Context, head, h plumbing.Hash) (plumbing.EncodedObject, error) {
+	up, adv, remote, err := b.listNotes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer up.Close()
+	if remote.IsZero() {
+		return nil, errMoved
+	}
+	alone := adv.Capabilities.Supports(capability.AllowReachableSHA1InWant)
+	want := remote
+	if alone {
+		want = h
+	}
+	req, err := b.newUploadRequest(adv, want, !alone)
+	if err != nil {
+		return nil, b.wrap("fetching a note", err)
+	}
+	resp, err := up.UploadPack(ctx, req)
+	if err != nil {
+		return nil, b.wrap("fetching a note", err)
+	}
+	defer resp.Close()
+	st := memory.NewStorage()
+	if err := packfile.UpdateObjectStorage(st, gitconn.Pack(resp, req.Capabilities)); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, b.wrap("fetching a note", err)
+	}
+	o, err := st.EncodedObject(plumbing.BlobObject, h)
+	if err != nil {
+		// Another writer changed the note since head: the newest notes have it.
+		return nil, errMoved
+	}
+	return o, nil
+}
+
 // push moves the remote notes ref from head (zero: the remote has none) to next,
-// sending what next adds to head. It fails with errMoved, sending nothing, when the ref
-// is no longer at head.
-func (b *Backend) push(ctx context.Context, head, next plumbing.Hash) error {
+// sending objs, what next adds to head. It fails with errMoved, sending nothing, when the
+// ref is no longer at head.
+func (b *Backend) push(ctx context.Context, head, next plumbing.Hash, objs []plumbing.Hash) error {
 	// go-git's HTTP receive-pack reads the server's report and never closes the
 	// response: the connection would wait for its body to be read for as long as ctx
 	// lives, with two goroutines, on every push. Ending the push's own context ends the
@@ -157,18 +214,6 @@ func (b *Backend) push(ctx context.Context, head, next plumbing.Hash) error {
 	}
 	if adv.References[b.opts.Ref] != head {
 		return errMoved
-	}
-	// The store is shallow below the notes it fetched: the server has what is below.
-	ignore, err := b.store.Shallow()
-	if err != nil {
-		return err
-	}
-	if !head.IsZero() {
-		ignore = append(ignore, head)
-	}
-	objs, err := revlist.Objects(b.store, []plumbing.Hash{next}, ignore)
-	if err != nil {
-		return fmt.Errorf("the objects of %s: %w", next, err)
 	}
 	var pack bytes.Buffer
 	if _, err := packfile.NewEncoder(&pack, b.store, !adv.Capabilities.Supports(capability.OFSDelta)).Encode(objs, packWindow); err != nil {
