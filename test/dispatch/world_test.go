@@ -117,6 +117,11 @@ type worldOptions struct {
 	tenant, workloads string
 	// staleAfter is the hub's StaleAfter; zero keeps the hub's default.
 	staleAfter time.Duration
+	// relay makes every replica of the hub serve the API proxy, relaying to the
+	// leader's what it holds no tunnel for.
+	relay bool
+	// onePool puts both workers in one residency, so one dispatch pool.
+	onePool bool
 }
 
 // world is a hub and its two workers, with real Kueue managers on all three planes,
@@ -126,6 +131,7 @@ type world struct {
 	tenant     string
 	ns         string // the tenant's namespace on the hub
 	staleAfter time.Duration
+	relay      bool
 	// workloads is where jobs are submitted, on the hub as on the workers. On the hub it
 	// belongs to the tenant, so each world has its own.
 	workloads string
@@ -147,10 +153,18 @@ type world struct {
 	// place of the hub cluster.
 	refusing atomic.Pointer[func(client.Object) error]
 
-	tun        *tunnel.Server
-	tunnelAddr string
-	proxyURL   string
-	authority  *servingca.Authority
+	// The leading replica's parts.
+	tun       *tunnel.Server
+	authority *servingca.Authority
+	// The Services in front of the replicas: the agents dial tunnelAddr, Kueue proxyURL.
+	tunnelSvc, proxySvc, leaderProxySvc *dispatchtest.Service
+	tunnelAddr                          string
+	proxyURL                            string
+	// statuses is where every replica posts commit statuses: the forge they share.
+	statuses commitstatus.Backend
+	posts    *countedStatuses
+	// replicas are the hub's, in the order they started; replicas[0] led first.
+	replicas []*replica
 	hubKueue   *kueuetest.Manager
 	// hubKueueLog is the hub Kueue manager's latest output.
 	hubKueueLog *logtest.Buffer
@@ -162,8 +176,11 @@ type world struct {
 func newWorld(tb testing.TB, opts worldOptions) *world {
 	tb.Helper()
 	ctx := tb.Context()
-	w := &world{tb: tb, tenant: opts.tenant, ns: "tenant-" + opts.tenant, workloads: opts.workloads, staleAfter: opts.staleAfter, hub: planes[0], logs: &logtest.Buffer{Max: 256 << 10}}
+	w := &world{tb: tb, tenant: opts.tenant, ns: "tenant-" + opts.tenant, workloads: opts.workloads, staleAfter: opts.staleAfter, relay: opts.relay, hub: planes[0], logs: &logtest.Buffer{Max: 256 << 10}}
 	for i, s := range fleetWorkers {
+		if opts.onePool {
+			s.residency = fleetWorkers[0].residency
+		}
 		w.workers = append(w.workers, &worker{workerSpec: s, identity: fleet.Identity(opts.tenant, s.name), plane: planes[1+i]})
 	}
 	tb.Cleanup(func() {
@@ -341,6 +358,8 @@ func (w *world) createFleet() {
 	if w.notes, err = gitnotes.New(gitnotes.Options{URL: w.repo.URL()}); err != nil {
 		tb.Fatal(err)
 	}
+	w.posts = &countedStatuses{Backend: w.notes}
+	w.statuses = w.posts
 	w.ids = ids
 }
 
@@ -364,22 +383,58 @@ func writeFile(tb testing.TB, p string, data []byte) {
 	}
 }
 
-// startHub runs the hub in-process as cmd/flotilla-hub wires it: the tunnel on a
-// loopback ws:// listener, the API proxy on its own loopback HTTPS listener with a
-// certificate from the hub's serving CA, the dispatcher, the MultiKueueCluster
-// informer that hands Kueue's judgements to it, and the hub following the fleet.
+// startHub starts the hub as a Deployment of one replica would run it, behind the
+// Services the hub chart makes: the tunnel's and the leader's proxy select the leading
+// replica, Kueue's proxy Service any replica the test routes it to.
 func (w *world) startHub() {
 	tb := w.tb
-	ctx, cancel := context.WithCancel(context.Background())
-	var stops []func()
-	tb.Cleanup(func() {
-		cancel()
-		for i := len(stops) - 1; i >= 0; i-- {
-			stops[i]()
+	for _, s := range []**dispatchtest.Service{&w.tunnelSvc, &w.proxySvc, &w.leaderProxySvc} {
+		svc, err := dispatchtest.NewService()
+		if err != nil {
+			tb.Fatal(err)
 		}
-	})
+		tb.Cleanup(svc.Close)
+		*s = svc
+	}
+	w.tunnelAddr = w.tunnelSvc.Addr()
+	w.proxyURL = "https://" + w.proxySvc.Addr()
+	r := w.startReplica("hub-0")
+	r.lead()
+	w.proxySvc.Route(r.proxyL.Addr().String())
+}
+
+// replica is one replica of the hub: its proxy serves from the start, its tunnel, its
+// reconciler and its dispatcher once it leads.
+type replica struct {
+	w      *world
+	name   string
+	ctx    context.Context
+	cancel context.CancelFunc
+	log    *slog.Logger
+
+	status    *conditions.Writer
+	tun       *tunnel.Server
+	authority *servingca.Authority
+	proxyL    net.Listener
+	tunnelL   net.Listener
+
+	mu       sync.Mutex
+	stops    []func()
+	stopped  bool
+	srcDone  chan struct{}
+	src      *fhub.Source
+	disp     *dispatch.Dispatcher
+	stopOnce sync.Once
+}
+
+// startReplica starts a replica that does not lead: it serves the API proxy only.
+func (w *world) startReplica(name string) *replica {
+	tb := w.tb
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &replica{w: w, name: name, ctx: ctx, cancel: cancel, log: w.logs.Logger().With("replica", name)}
+	tb.Cleanup(r.stop)
+	w.replicas = append(w.replicas, r)
 	hc := w.hub.Client
-	logger := w.logs.Logger()
 	for _, ns := range []string{w.ns, proxyCANamespace} {
 		if err := hc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			tb.Fatal(err)
@@ -389,63 +444,107 @@ func (w *world) startHub() {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	status := conditions.NewWriter(heldpatch.Refuse(statusClient, func(obj client.Object) error {
+	r.status = conditions.NewWriter(heldpatch.Refuse(statusClient, func(obj client.Object) error {
 		if refuse := w.refusing.Load(); refuse != nil {
 			return (*refuse)(obj)
 		}
 		return nil
 	}))
-	tun, err := tunnel.New(tunnel.Options{Client: hc, Status: status, Liveness: fast, AllowInsecureLoopback: true, Log: logger})
+	r.tun, err = tunnel.New(tunnel.Options{Client: hc, Status: r.status, Liveness: fast, AllowInsecureLoopback: true, Log: r.log})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	w.tun = tun
-	mux := http.NewServeMux()
-	mux.Handle(protocol.Path, tun)
-	tl := listen(tb)
-	w.tunnelAddr = tl.Addr().String()
-	tunnelServer := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = tunnelServer.Serve(tl) }()
-	stops = append(stops, func() { _ = tunnelServer.Close(); tun.Close() })
-
-	w.authority, err = servingca.New(servingca.Options{Client: hc, Secret: types.NamespacedName{Namespace: proxyCANamespace, Name: "flotilla-api-proxy-" + w.tenant},
-		Hosts: []string{"127.0.0.1"}, Labels: map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue}, Log: logger})
+	// Every replica keeps the proxy's certificate from the one CA Secret.
+	r.authority, err = servingca.New(servingca.Options{Client: hc, Secret: types.NamespacedName{Namespace: proxyCANamespace, Name: "flotilla-api-proxy-" + w.tenant},
+		Hosts: []string{"127.0.0.1"}, Labels: map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue}, Log: r.log})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if err := w.authority.Reconcile(ctx); err != nil {
+	if err := r.authority.Reconcile(ctx); err != nil {
 		tb.Fatal(err)
 	}
-	pl := listen(tb)
-	w.proxyURL = "https://" + pl.Addr().String()
+	r.proxyL = listen(tb)
 	// As the hub serves it: no write or idle timeout, a watch lasts as long as Kueue
 	// keeps it.
-	proxyServer := &http.Server{Handler: tunnel.NewProxy(tun, tunnel.ProxyOptions{ResumeWindow: resumeWindow, Log: logger}), ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: w.authority.GetCertificate}}
-	go func() { _ = proxyServer.ServeTLS(pl, "", "") }()
-	stops = append(stops, func() { _ = proxyServer.Close() })
-
-	dispatcher, err := dispatch.New(dispatch.Options{Client: hc, Tokens: tun, ProxyURL: w.proxyURL, ProxyPath: tunnel.ProxyURL,
-		Trust: w.authority.Bundle, Status: status, Log: logger})
+	opts := tunnel.ProxyOptions{ResumeWindow: resumeWindow, Log: r.log}
+	if w.relay {
+		// As the hub chart runs replicas: each relays to the leader's proxy Service
+		// what it holds no tunnel for.
+		opts.Leader, opts.LeaderTrust = "https://"+w.leaderProxySvc.Addr(), r.authority.Bundle
+	}
+	proxy, err := tunnel.NewProxy(r.tun, opts)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	w.dispatcher = dispatcher
-	w.watchJudgements(ctx, dispatcher, logger)
+	proxyServer := &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.authority.GetCertificate}}
+	go func() { _ = proxyServer.ServeTLS(r.proxyL, "", "") }()
+	r.onStop(func() { _ = proxyServer.Close() })
+	return r
+}
 
+// lead makes the replica the leader: it serves the tunnel, follows the fleet repository
+// and writes Kueue's objects, and the leader's Services route to it.
+func (r *replica) lead() {
+	w, tb := r.w, r.w.tb
+	mux := http.NewServeMux()
+	mux.Handle(protocol.Path, r.tun)
+	r.tunnelL = listen(tb)
+	tunnelServer := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = tunnelServer.Serve(r.tunnelL) }()
+	r.onStop(func() { _ = tunnelServer.Close(); r.tun.Close() })
+
+	hc := w.hub.Client
+	var err error
+	r.disp, err = dispatch.New(dispatch.Options{Client: hc, Tokens: r.tun, ProxyURL: w.proxyURL, ProxyPath: tunnel.ProxyURL,
+		Trust: r.authority.Bundle, Status: r.status, Log: r.log})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w.watchJudgements(r.ctx, r.disp, r.log)
 	h, err := fhub.New(fhub.Options{Client: hc, Decryptor: secrets.NewDecryptor(secrets.DecryptorOptions{Identities: w.ids}),
-		Tunnel: tun, Status: status, Log: logger, Dispatch: dispatcher, StaleAfter: w.staleAfter})
+		Tunnel: r.tun, Status: r.status, Log: r.log, Dispatch: r.disp, StaleAfter: w.staleAfter})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	w.src, err = h.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: w.repo.URL(), Branch: "main"}, Tenant: w.tenant, Namespace: w.ns,
-		HubNamespaces: []string{w.workloads}, Statuses: w.notes, Poll: time.Hour})
+	r.src, err = h.AddSource(fhub.SourceOptions{Git: gitsource.Options{URL: w.repo.URL(), Branch: "main"}, Tenant: w.tenant, Namespace: w.ns,
+		HubNamespaces: []string{w.workloads}, Statuses: w.statuses, Poll: time.Hour})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { w.src.Run(ctx); close(done) }()
-	stops = append(stops, func() { <-done })
+	r.srcDone = make(chan struct{})
+	go func() { r.src.Run(r.ctx); close(r.srcDone) }()
+	w.tun, w.src, w.dispatcher, w.authority = r.tun, r.src, r.disp, r.authority
+	w.tunnelSvc.Route(r.tunnelL.Addr().String())
+	w.leaderProxySvc.Route(r.proxyL.Addr().String())
+}
+
+func (r *replica) onStop(f func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stops = append(r.stops, f)
+}
+
+// stop ends the replica as a deleted Pod ends: every connection it held ends with it.
+func (r *replica) stop() {
+	r.stopOnce.Do(func() {
+		w := r.w
+		if r.tunnelL != nil {
+			w.tunnelSvc.Drop(r.tunnelL.Addr().String())
+		}
+		w.proxySvc.Drop(r.proxyL.Addr().String())
+		w.leaderProxySvc.Drop(r.proxyL.Addr().String())
+		r.cancel()
+		r.mu.Lock()
+		stops := r.stops
+		r.mu.Unlock()
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+		if r.srcDone != nil {
+			<-r.srcDone
+		}
+	})
 }
 
 // watchJudgements carries every change of the MultiKueueClusters flotilla made over to
@@ -655,4 +754,31 @@ func listen(tb testing.TB) net.Listener {
 		tb.Fatal(err)
 	}
 	return l
+}
+
+// countedStatuses counts the statuses the hub posts, per context.
+type countedStatuses struct {
+	commitstatus.Backend
+	mu    sync.Mutex
+	posts map[string]int
+}
+
+func (c *countedStatuses) Set(ctx context.Context, commit string, st commitstatus.Status) error {
+	err := c.Backend.Set(ctx, commit, st)
+	if err == nil {
+		c.mu.Lock()
+		if c.posts == nil {
+			c.posts = map[string]int{}
+		}
+		c.posts[st.Context]++
+		c.mu.Unlock()
+	}
+	return err
+}
+
+// count is how many statuses were posted, per context, so far.
+func (c *countedStatuses) count() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.posts)
 }

@@ -8,5 +8,7 @@
 //     ServiceAccount, so that agent/proxy runs under the chart's RBAC, not as an admin;
 //   - StartJob and CompleteJob play the worker's nodes: they write the status a Job's
 //     controller writes once its pod runs, and once it succeeded. A test says so where
-//     it calls them.
+//     it calls them;
+//   - Service plays a Kubernetes Service in front of a hub's replicas, so that a test can
+//     move the leadership from one replica to another under the agents and Kueue.
 package dispatchtest
