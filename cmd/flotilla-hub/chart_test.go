@@ -544,8 +544,9 @@ func TestChartDeploymentIsRestrictedAndReadyWhenHealthy(t *testing.T) {
 	}
 }
 
-// The tunnel, the HTTP endpoints and the API proxy reach the leader alone, through the
-// label it sets on its own Pod; the metrics Service reaches every replica.
+// The tunnel, the HTTP endpoints and the leader's API proxy reach the leader alone,
+// through the label it sets on its own Pod; the API proxy Kueue reaches and the metrics
+// Service reach every replica.
 func TestChartRoutesToTheLeaderAndScrapesEveryReplica(t *testing.T) {
 	objs := renderHub(t, ciValuesOf(t, "dispatch"))
 	dep := one[appsv1.Deployment](t, objs, "Deployment", hubRelease)
@@ -562,7 +563,8 @@ func TestChartRoutesToTheLeaderAndScrapesEveryReplica(t *testing.T) {
 	}{
 		{hubRelease + "-tunnel", true, "tunnel"},
 		{hubRelease + "-http", true, "http"},
-		{hubRelease + "-proxy", true, "proxy"},
+		{hubRelease + "-proxy-leader", true, "proxy"},
+		{hubRelease + "-proxy", false, "proxy"},
 		{hubRelease + "-metrics", false, "http"},
 	}
 	for _, tt := range tests {
@@ -962,10 +964,11 @@ func admits(t *testing.T, rule networkingv1.NetworkPolicyIngressRule, policyNS, 
 }
 
 // The API proxy holds a token for every worker's Kubernetes API. With networkPolicy on,
-// its port admits the hub's Kueue alone, and every other port of the hub's Pods stays
+// its port admits the hub's Kueue and the hub's own replicas alone (a standby relays to
+// the leader's proxy), and every other port of the hub's Pods stays
 // open to its callers, from anywhere. The ports are the rendered Deployment's, so that
 // a port added without a rule fails here; the policy is off unless asked for.
-func TestChartNetworkPolicyAdmitsOnlyKueueToTheProxyAndLeavesEveryOtherPortOpen(t *testing.T) {
+func TestChartNetworkPolicyAdmitsOnlyKueueAndTheHubToTheProxyAndLeavesEveryOtherPortOpen(t *testing.T) {
 	for _, c := range ciValues(t, hubChart) {
 		if nps := renderHub(t, c.values).OfKind("NetworkPolicy"); len(nps) != 0 {
 			t.Errorf("ci/%s-values.yaml renders %d NetworkPolicies; want none unless networkPolicy.enabled", c.name, len(nps))
@@ -1036,7 +1039,7 @@ func TestChartNetworkPolicyAdmitsOnlyKueueToTheProxyAndLeavesEveryOtherPortOpen(
 					{"another Pod in Kueue's namespace", tt.kueueNamespace, labels.Set{"app": "other"}, false},
 					{"a Pod labelled like Kueue elsewhere", "tenant-a", tt.kueuePod, false},
 					{"a Pod in the hub's namespace", hubNamespace, labels.Set{"app": "other"}, false},
-					{"another replica of the hub", hubNamespace, pod, false},
+					{"another replica of the hub, relaying to the leader", hubNamespace, pod, true},
 				} {
 					if got := admitted(caller.ns, caller.pod); got != caller.want {
 						t.Errorf("the proxy's port admits %s (%s, %v): %t, want %t", caller.what, caller.ns, caller.pod, got, caller.want)

@@ -102,6 +102,12 @@ type Config struct {
 		// ResumeWindow is how long a watch through the proxy outlives its tunnel's
 		// break, waiting for the agent to redial. Default 60s.
 		ResumeWindow Duration `yaml:"resumeWindow"`
+		// LeaderURL is the API proxy of the leading replica as the other replicas reach
+		// it, https://host[:port] (the hub chart's Service that selects the leader
+		// label). Set, every replica serves the API proxy and relays to the leader what
+		// it holds no tunnel for, so that the watches of Kueue a standby holds outlive
+		// the leader (a new leader ends none of them). Empty: only the leader serves it.
+		LeaderURL string `yaml:"leaderURL"`
 	} `yaml:"dispatch"`
 	LeaderElection struct {
 		Enabled   bool   `yaml:"enabled"`
@@ -319,6 +325,12 @@ func (c *Config) check() error {
 		}
 		if d.ResumeWindow < 0 {
 			return errors.New("dispatch.resumeWindow must not be negative")
+		}
+		if d.LeaderURL != "" {
+			u, err := url.Parse(d.LeaderURL)
+			if err != nil || u.Scheme != "https" || u.Hostname() == "" || (u.Path != "" && u.Path != "/") {
+				return errors.New("dispatch.leaderURL: the leading replica's proxy as the other replicas reach it, https://host[:port]")
+			}
 		}
 	}
 	for _, l := range []struct {

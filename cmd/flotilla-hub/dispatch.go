@@ -32,15 +32,25 @@ type dispatchParts struct {
 	server     *http.Server
 	// limit bounds the proxy's connections.
 	limit limitOptions
+	// everyReplica says that every replica serves the proxy (dispatch.leaderURL), not
+	// only the leader.
+	everyReplica bool
 }
 
-// newDispatch makes the proxy's CA, the proxy and the dispatcher; serve loads or
-// creates the CA, on the leader.
+// newDispatch makes the proxy's CA, the proxy and the dispatcher; serveProxy loads or
+// creates the CA, on the leader or on every replica.
 func newDispatch(cfg *Config, c client.Client, tun *tunnel.Server, status *conditions.Writer, m *metrics, log *slog.Logger) (*dispatchParts, error) {
 	d := cfg.Dispatch
 	u, _ := url.Parse(d.URL) // checked with the configuration
+	hosts := []string{u.Hostname()}
+	if d.LeaderURL != "" {
+		// The replicas reach the leader by a name of its own, which the one
+		// certificate every replica serves must name too.
+		lu, _ := url.Parse(d.LeaderURL)
+		hosts = append(hosts, lu.Hostname())
+	}
 	authority, err := servingca.New(servingca.Options{Client: c, Secret: types.NamespacedName{Namespace: d.Namespace, Name: d.CASecret},
-		Hosts: []string{u.Hostname()}, Labels: map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue}, Log: log})
+		Hosts: hosts, Labels: map[string]string{v1alpha1.ManagedByLabel: v1alpha1.ManagedByValue}, Log: log})
 	if err != nil {
 		return nil, err
 	}
@@ -49,15 +59,35 @@ func newDispatch(cfg *Config, c client.Client, tun *tunnel.Server, status *condi
 	if err != nil {
 		return nil, err
 	}
-	proxy := tunnel.NewProxy(tun, tunnel.ProxyOptions{ResumeWindow: time.Duration(d.ResumeWindow), Log: log})
+	popts := tunnel.ProxyOptions{ResumeWindow: time.Duration(d.ResumeWindow), Log: log}
+	if d.LeaderURL != "" {
+		popts.Leader, popts.LeaderTrust = d.LeaderURL, authority.Bundle
+	}
+	proxy, err := tunnel.NewProxy(tun, popts)
+	if err != nil {
+		return nil, err
+	}
 	lim := cfg.Connections.Proxy
 	return &dispatchParts{authority: authority, dispatcher: dispatcher, server: proxyServer(d.Listen, proxy, authority.GetCertificate, lim),
-		limit: limitOptions{Name: "proxy", Max: lim.Max, Counts: m.connections("proxy", lim.Max), Log: log}}, nil
+		limit: limitOptions{Name: "proxy", Max: lim.Max, Counts: m.connections("proxy", lim.Max), Log: log}, everyReplica: d.LeaderURL != ""}, nil
 }
 
-// serve runs the proxy, the CA's rotation and the watch of Kueue's judgements until ctx
-// ends or the listener fails.
+// serve runs what dispatch does on the leader until ctx ends: the proxy too, unless
+// every replica serves it (serveProxy), and the watch of Kueue's judgements.
 func (p *dispatchParts) serve(ctx context.Context, rc *rest.Config, scheme *runtime.Scheme, log *slog.Logger) error {
+	if err := p.watchKueue(ctx, rc, scheme, log); err != nil {
+		return err
+	}
+	if p.everyReplica {
+		<-ctx.Done()
+		return nil
+	}
+	return p.serveProxy(ctx, log)
+}
+
+// serveProxy runs the proxy and the CA's rotation until ctx ends. Replicas that run it
+// at once agree on the CA through its Secret (servingca).
+func (p *dispatchParts) serveProxy(ctx context.Context, log *slog.Logger) error {
 	if err := p.authority.Reconcile(ctx); err != nil {
 		return err
 	}
@@ -65,14 +95,10 @@ func (p *dispatchParts) serve(ctx context.Context, rc *rest.Config, scheme *runt
 	if err != nil {
 		return fmt.Errorf("the API proxy's listener: %w", err)
 	}
-	if err := p.watchKueue(ctx, rc, scheme, log); err != nil {
-		_ = l.Close()
-		return err
-	}
 	go p.authority.Run(ctx, time.Hour)
 	errc := make(chan error, 1)
 	go func() { errc <- p.server.ServeTLS(l, "", "") }()
-	log.Info("serving the API proxy", "address", l.Addr().String())
+	log.Info("serving the API proxy", "address", l.Addr().String(), "everyReplica", p.everyReplica)
 	select {
 	case <-ctx.Done():
 		_ = p.server.Close()

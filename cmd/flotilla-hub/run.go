@@ -190,6 +190,19 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	// Counted on every replica, so that the series exist before a replica leads.
 	tunnelLimit := limitOptions{Name: "tunnel", Max: conns.Tunnel.Max, Counts: m.connections("tunnel", conns.Tunnel.Max), Log: log}
 
+	// Every replica serves the API proxy when it relays to the leader: a watch of
+	// Kueue's held by a standby outlives the leader (tunnel/relay.go). Its failure
+	// ends the replica, as the leader's does.
+	if disp != nil && disp.everyReplica {
+		var fail context.CancelCauseFunc
+		ctx, fail = context.WithCancelCause(ctx)
+		defer fail(nil)
+		go func() {
+			if err := disp.serveProxy(ctx, log); err != nil {
+				fail(err)
+			}
+		}()
+	}
 	var elector *leader.Elector
 	if le := cfg.LeaderElection; le.Enabled {
 		elector, err = leader.New(leader.Options{Config: base, Namespace: le.Namespace, Name: le.Name, Pod: le.PodName, PodNamespace: le.PodNamespace, Log: log})
@@ -248,9 +261,14 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 	ready.Store(true)
 	if elector == nil {
-		return lead(ctx)
+		err = lead(ctx)
+	} else {
+		err = elector.Run(ctx, lead)
 	}
-	return elector.Run(ctx, lead)
+	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return err
 }
 
 func loadIdentities(files []string) (*secrets.Identities, error) {

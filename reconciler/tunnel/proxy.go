@@ -46,7 +46,14 @@ type ProxyOptions struct {
 	// a tunnel blip shorter than this is invisible to the watcher, since the watch
 	// resumes from the last resourceVersion it passed on. Default 60 s.
 	ResumeWindow time.Duration
-	Log          *slog.Logger
+	// Leader is the API proxy of the leading replica (https://host:port), where a
+	// replica that holds no tunnel to a worker relays the requests for it (relay.go).
+	// Empty: a replica answers only for the tunnels it holds, as a hub of one replica.
+	Leader string
+	// LeaderTrust is the PEM bundle that verifies the leader's proxy, asked again
+	// for each new connection since it rotates.
+	LeaderTrust func() []byte
+	Log         *slog.Logger
 }
 
 // Proxy is the hub's Kubernetes API proxy: Kueue's MultiKueue reaches each worker's
@@ -57,6 +64,7 @@ type Proxy struct {
 	opts      ProxyOptions
 	transport *http.Transport
 	forward   *httputil.ReverseProxy
+	relay     *relay
 	refusals  logbudget.Budget
 
 	mu       sync.Mutex
@@ -64,7 +72,7 @@ type Proxy struct {
 }
 
 // NewProxy makes the API proxy of the server's tunnels.
-func NewProxy(s *Server, opts ProxyOptions) *Proxy {
+func NewProxy(s *Server, opts ProxyOptions) (*Proxy, error) {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 3 << 20
 	}
@@ -77,7 +85,11 @@ func NewProxy(s *Server, opts ProxyOptions) *Proxy {
 	if opts.Log == nil {
 		opts.Log = s.opts.Log
 	}
-	p := &Proxy{srv: s, opts: opts, inFlight: map[string]int{}}
+	r, err := newRelay(opts)
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{srv: s, opts: opts, relay: r, inFlight: map[string]int{}}
 	p.transport = &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			host, _, err := net.SplitHostPort(addr)
@@ -113,7 +125,7 @@ func NewProxy(s *Server, opts ProxyOptions) *Proxy {
 			writeStatus(w, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, "the worker is not reachable through its tunnel")
 		},
 	}
-	return p
+	return p, nil
 }
 
 type targetKey struct{}
@@ -160,22 +172,55 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil {
 		r.Body = http.MaxBytesReader(w, r.Body, p.opts.MaxBodyBytes)
 	}
-	if sess := p.srv.session(identity); sess == nil {
-		writeStatus(w, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, "the worker's agent is not connected")
-		return
-	} else if sess.version < protocol.ProxyVersion {
-		writeStatus(w, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-			fmt.Sprintf("the worker's agent speaks tunnel protocol %d, dispatch needs %d: upgrade the agent", sess.version, protocol.ProxyVersion))
-		return
-	}
 	target := &url.URL{Scheme: "http", Host: identity + upstreamHost, RawQuery: r.URL.RawQuery}
 	target.Path, _ = url.PathUnescape(rest)
 	target.RawPath = rest
-	if r.Method == http.MethodGet && isWatch(r.URL.Query()) {
+	watching := r.Method == http.MethodGet && isWatch(r.URL.Query())
+	sess := p.srv.session(identity)
+	switch {
+	case sess != nil && sess.version < protocol.ProxyVersion:
+		writeStatus(w, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+			fmt.Sprintf("the worker's agent speaks tunnel protocol %d, dispatch needs %d: upgrade the agent", sess.version, protocol.ProxyVersion))
+	case watching && (sess != nil || p.relay != nil):
+		// A watch finds its way itself, and outlives the way it took.
 		p.watch(w, r, identity, target, log)
-		return
+	default:
+		p.serve(w, r, identity, target, log)
 	}
-	p.forward.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target)))
+}
+
+// serve forwards a request other than a watch through this replica's tunnel to the
+// worker, or else through the leader's proxy. While no replica reaches a worker that
+// is expected back (relayHoldsFor), a GET waits for one up to ResumeWindow: Kueue
+// builds a new client for a worker whose watch ended, and its discovery must not fail
+// during a failover, or Kueue waits out a backoff of seconds before it tries again.
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, identity string, target *url.URL, log func() *slog.Logger) {
+	var deadline time.Time
+	for {
+		if p.srv.session(identity) != nil {
+			p.forward.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target)))
+			return
+		}
+		if p.relay != nil && !relayed(r) {
+			_, forward, err := p.relay.client()
+			if err != nil {
+				log().Error("relaying to the leader's proxy", "error", err)
+			} else {
+				failed := false
+				forward.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), relayFailedKey{}, &failed)))
+				if !failed {
+					return
+				}
+			}
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(p.opts.ResumeWindow)
+		}
+		if r.Method != http.MethodGet || !p.relayHoldsFor(r.Context(), identity) || !p.awaitAgent(r.Context(), identity, nil, deadline) {
+			writeStatus(w, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, "the worker's agent is not connected")
+			return
+		}
+	}
 }
 
 // splitProxyPath splits /clusters/<identity>/<rest> into the identity and /<rest>.
@@ -202,7 +247,7 @@ func (p *Proxy) authorize(ctx context.Context, identity string, r *http.Request)
 	if err != nil {
 		return "the bearer token is not of flotilla's shape"
 	}
-	want, err := p.srv.proxyTokenHash(ctx, identity)
+	want, err := p.srv.proxyTokenHash(ctx, identity, p.relay != nil)
 	switch {
 	case err != nil:
 		return "reading the proxy token's hash: " + err.Error()

@@ -103,7 +103,11 @@ func startProxyHub(t testing.TB, opts tunnel.ProxyOptions) *proxyHub {
 		opts.Log = slogTo(h.log)
 	}
 	// TLS and HTTP/2, as Kueue's clients speak to the proxy.
-	ps := httptest.NewUnstartedServer(tunnel.NewProxy(h.srv, opts))
+	proxy, err := tunnel.NewProxy(h.srv, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := httptest.NewUnstartedServer(proxy)
 	ps.EnableHTTP2 = true
 	ps.StartTLS()
 	t.Cleanup(ps.Close)

@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -50,7 +51,7 @@ func (s *Server) ProxyTokenValid(ctx context.Context, wc *v1alpha1.WorkerCluster
 	if err != nil {
 		return false, nil
 	}
-	want, err := s.proxyTokenHash(ctx, wc.Labels[v1alpha1.WorkerClusterLabel])
+	want, err := s.proxyTokenHash(ctx, wc.Labels[v1alpha1.WorkerClusterLabel], false)
 	if err != nil || want.IsZero() {
 		return false, err
 	}
@@ -59,23 +60,43 @@ func (s *Server) ProxyTokenValid(ctx context.Context, wc *v1alpha1.WorkerCluster
 
 // proxyTokenHash is the hash of the identity's proxy token; zero when it has none. It
 // reads memory, or the informer cache after a restart, never the API server: a flood
-// of requests with made-up tokens costs the hub cluster nothing.
-func (s *Server) proxyTokenHash(ctx context.Context, identity string) (secrets.Hash, error) {
+// of requests with made-up tokens costs the hub cluster nothing. A replica that pushed
+// nothing to the identity (a standby, which relays) finds its cluster as the tunnel's
+// authentication does when anyCluster is set; otherwise an identity the hub pushed
+// nothing to has no token.
+func (s *Server) proxyTokenHash(ctx context.Context, identity string, anyCluster bool) (secrets.Hash, error) {
 	s.mu.Lock()
 	h, ok := s.proxyTokens[identity]
 	p, known := s.desired[identity]
 	s.mu.Unlock()
-	if ok || !known {
+	if ok {
 		return h, nil
 	}
+	key := p.key
+	if !known {
+		if !anyCluster {
+			return secrets.Hash{}, nil
+		}
+		wc, err := s.lookup(ctx, identity, "")
+		var refused *refusal
+		if errors.As(err, &refused) {
+			return secrets.Hash{}, nil
+		}
+		if err != nil {
+			return secrets.Hash{}, err
+		}
+		key = client.ObjectKeyFromObject(wc)
+	}
 	var sec corev1.Secret
-	if err := s.opts.Reader.Get(ctx, client.ObjectKey{Namespace: p.key.Namespace, Name: CredentialSecretName(p.key.Name)}, &sec); err != nil {
+	if err := s.opts.Reader.Get(ctx, client.ObjectKey{Namespace: key.Namespace, Name: CredentialSecretName(key.Name)}, &sec); err != nil {
 		return secrets.Hash{}, client.IgnoreNotFound(err)
 	}
 	h, err := secrets.ParseHash(string(sec.Data[proxyTokenHashKey]))
 	if err != nil {
 		return secrets.Hash{}, nil
 	}
+	// Kept only for an identity this replica pushed to, whose token it forgets when
+	// the cluster leaves; a standby reads the cache each time.
 	s.mu.Lock()
 	if _, still := s.desired[identity]; still {
 		s.proxyTokens[identity] = h

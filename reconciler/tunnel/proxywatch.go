@@ -20,9 +20,13 @@ import (
 // watch relays a watch to the worker. Kueue v0.17.0 may evict work when a watch to a
 // worker ends (kueue#12999), so a tunnel that breaks under a watch does not end it:
 // the proxy waits up to ResumeWindow for the agent to redial and asks the worker to
-// go on from the last resourceVersion it passed on. The watch ends when the caller
-// leaves, the worker ends it (its timeout, or an ERROR event such as 410 Gone, which
-// is passed on), or the agent stays away past the window.
+// go on from the last resourceVersion it passed on. So does a watch the worker's API
+// server ends on its own timeout, when the watcher asked for none: the API server
+// closes every watch within an hour of its start. The watch ends when the caller
+// leaves, when the worker ends it otherwise (an ERROR event such as 410 Gone, which is
+// passed on), or when the agent stays away past the window. A replica that relays
+// (relay.go) goes through the leader, and holds a new watch open while no replica
+// reaches the worker if relayHoldsFor says the worker is expected back.
 //
 // A watch is relayed on a stream of its own, read by this goroutine alone: an idle
 // worker's watches cost the hub a stream and a small buffer each.
@@ -31,6 +35,9 @@ func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, t
 	rc := http.NewResponseController(w)
 	started := false
 	var rv string
+	var deadline time.Time // set when the way to the worker broke
+	// The watcher's own timeout ends its watch; without one, the worker's does not.
+	ownTimeout := target.Query().Get("timeoutSeconds") != ""
 	for {
 		u := *target
 		if rv != "" {
@@ -41,18 +48,31 @@ func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, t
 			query.Del("sendInitialEvents")
 			u.RawQuery = query.Encode()
 		}
-		resp, sess, err := p.openWatch(ctx, r, identity, &u)
+		resp, sess, err := p.openUpstream(ctx, r, identity, &u)
 		if err != nil {
 			if !started {
-				writeStatus(w, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, "the worker is not reachable through its tunnel")
-				return
+				if !acceptsJSON(r.Header.Values("Accept")) || !p.relayHoldsFor(ctx, identity) {
+					writeStatus(w, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, "the worker is not reachable through its tunnel")
+					return
+				}
+				// Answered at once: Kueue counts the worker as reached when its watch
+				// starts, and evicts while it does not (see relay.go).
+				started = true
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusOK)
+				_ = rc.Flush()
+				log().Info("no replica reaches the worker now: holding its watch open", "window", p.opts.ResumeWindow)
 			}
-			if !p.awaitAgent(ctx, identity, sess, time.Now().Add(p.opts.ResumeWindow)) {
+			if deadline.IsZero() {
+				deadline = time.Now().Add(p.opts.ResumeWindow)
+			}
+			if !p.awaitAgent(ctx, identity, sess, deadline) {
 				p.logEnd(ctx, log)
 				return
 			}
 			continue
 		}
+		deadline = time.Time{}
 		if !started {
 			started = true
 			copyResponseHeader(w.Header(), resp.Header)
@@ -70,17 +90,38 @@ func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, t
 			log().Info("watch ended: the worker did not take it up again", "status", resp.StatusCode)
 			return
 		}
-		ended := relayEvents(flushWriter{w, rc}, resp.Body, &rv)
+		from := rv
+		end := relayEvents(flushWriter{w, rc}, resp.Body, &rv)
 		_ = resp.Body.Close()
-		if ended || ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil || end == endedForGood:
 			return
+		case end == endedByWorker:
+			// A worker's API server ends a watch cleanly on its timeout; through a
+			// relay, the leader ended it for good. One that ended with no event since
+			// it was taken up is not asked again at once, and again.
+			if ownTimeout || sess == nil || rv == "" || rv == from {
+				return
+			}
+			continue
 		}
-		log().Info("the tunnel broke under a watch: waiting for the agent to redial", "resourceVersion", rv, "window", p.opts.ResumeWindow)
-		if !p.awaitAgent(ctx, identity, sess, time.Now().Add(p.opts.ResumeWindow)) {
+		log().Info("the way to the worker broke under a watch: waiting for it to come back", "resourceVersion", rv, "window", p.opts.ResumeWindow)
+		deadline = time.Now().Add(p.opts.ResumeWindow)
+		if !p.awaitAgent(ctx, identity, sess, deadline) {
 			p.logEnd(ctx, log)
 			return
 		}
 	}
+}
+
+// openUpstream opens the watch through this replica's tunnel to the worker, or else
+// through the leader's proxy; the session is nil for the latter.
+func (p *Proxy) openUpstream(ctx context.Context, in *http.Request, identity string, u *url.URL) (*http.Response, *session, error) {
+	if p.relay == nil || relayed(in) || p.srv.session(identity) != nil {
+		return p.openWatch(ctx, in, identity, u)
+	}
+	resp, err := p.relay.openWatch(ctx, in, identity, u)
+	return resp, nil, err
 }
 
 // logEnd says why a watch that waited for its agent ended.
@@ -142,13 +183,14 @@ func (p *Proxy) openWatch(ctx context.Context, in *http.Request, identity string
 }
 
 // awaitAgent waits until the identity has a session other than gone that serves the
-// proxy, and reports whether one came before the deadline.
+// proxy, or, on a replica that relays, until it is time to ask the leader again; it
+// reports whether to try again before the deadline.
 func (p *Proxy) awaitAgent(ctx context.Context, identity string, gone *session, deadline time.Time) bool {
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	for {
 		sess, wake := p.srv.sessionAndWake(identity)
-		if _, known := p.srv.known(identity); !known {
+		if !p.inFleet(ctx, identity) {
 			return false // the cluster left the fleet
 		}
 		var retry <-chan time.Time
@@ -158,6 +200,9 @@ func (p *Proxy) awaitAgent(ctx context.Context, identity string, gone *session, 
 		case sess != nil && !sess.tunnel.IsClosed():
 			// The same tunnel is up: only the stream failed. Try again shortly.
 			retry = time.After(time.Second)
+		case p.relay != nil:
+			// A standby learns of a new leader only by asking.
+			retry = time.After(relayRetry)
 		}
 		select {
 		case <-ctx.Done():
@@ -171,10 +216,32 @@ func (p *Proxy) awaitAgent(ctx context.Context, identity string, gone *session, 
 	}
 }
 
+// inFleet reports whether the identity's cluster is in the fleet: one this replica
+// pushed to, or, on a replica that relays, one the hub cluster holds.
+func (p *Proxy) inFleet(ctx context.Context, identity string) bool {
+	if _, known := p.srv.known(identity); known || p.relay == nil {
+		return known
+	}
+	_, err := p.srv.lookup(ctx, identity, "")
+	return err == nil
+}
+
+// watchEnd is how a relayed watch stream ended.
+type watchEnd int
+
+const (
+	// endedBroken: the way to the worker broke under it; it may be resumed.
+	endedBroken watchEnd = iota
+	// endedByWorker: the other end closed it cleanly.
+	endedByWorker
+	// endedForGood: the caller left, the worker sent an ERROR event, or what came
+	// does not parse or is too large.
+	endedForGood
+)
+
 // relayEvents passes on a JSON watch stream event by event, noting the resourceVersion
-// of each; it reports whether the watch ended for good (the caller left, the worker
-// closed it cleanly or sent an ERROR event) rather than because the tunnel broke.
-func relayEvents(w flushWriter, body io.Reader, rv *string) bool {
+// of each, and says how it ended.
+func relayEvents(w flushWriter, body io.Reader, rv *string) watchEnd {
 	// A decoder holds an event whole before it returns it, and the worker says how large
 	// it is: the budget ends a watch whose event outgrows any object's.
 	re := &readErr{r: body}
@@ -193,8 +260,14 @@ func relayEvents(w flushWriter, body io.Reader, rv *string) bool {
 		if err := dec.Decode(&raw); err != nil {
 			// A watch the worker ends cleanly closes its chunked body: io.EOF. A
 			// tunnel that breaks cuts it short: a read error. What does not parse, or
-			// is too large, cannot be resumed either.
-			return re.err == nil || errors.Is(re.err, io.EOF)
+			// is too large, cannot be resumed.
+			switch {
+			case re.err == nil:
+				return endedForGood
+			case errors.Is(re.err, io.EOF):
+				return endedByWorker
+			}
+			return endedBroken
 		}
 		var ev struct {
 			Type   string `json:"type"`
@@ -206,10 +279,10 @@ func relayEvents(w flushWriter, body io.Reader, rv *string) bool {
 		}
 		_ = json.Unmarshal(raw, &ev)
 		if _, err := w.Write(append(raw, '\n')); err != nil {
-			return true // the caller left
+			return endedForGood // the caller left
 		}
 		if ev.Type == "ERROR" {
-			return true
+			return endedForGood
 		}
 		if v := ev.Object.Metadata.ResourceVersion; v != "" {
 			*rv = v

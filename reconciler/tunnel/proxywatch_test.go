@@ -53,8 +53,8 @@ func TestRelayEventsPassesOnEveryEventWhole(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			rec := httptest.NewRecorder()
 			var rv string
-			if ended := relayEvents(flushWriter{rec, http.NewResponseController(rec)}, reader(), &rv); !ended {
-				t.Error("a stream the worker ended cleanly was taken for a broken tunnel")
+			if end := relayEvents(flushWriter{rec, http.NewResponseController(rec)}, reader(), &rv); end != endedByWorker {
+				t.Errorf("a stream the worker ended cleanly was taken for %v, want %v", end, endedByWorker)
 			}
 			if got := rec.Body.String(); got != stream {
 				t.Errorf("the watcher got %d bytes, want the %d the worker sent", len(got), len(stream))
@@ -73,8 +73,8 @@ func TestRelayEventsTellsABrokenStream(t *testing.T) {
 	rec := httptest.NewRecorder()
 	var rv string
 	r := io.MultiReader(strings.NewReader(stream), iotest.ErrReader(io.ErrUnexpectedEOF))
-	if ended := relayEvents(flushWriter{rec, http.NewResponseController(rec)}, r, &rv); ended {
-		t.Error("a stream cut short was taken for a watch that ended")
+	if end := relayEvents(flushWriter{rec, http.NewResponseController(rec)}, r, &rv); end != endedBroken {
+		t.Errorf("a stream cut short was taken for %v, want %v", end, endedBroken)
 	}
 	if rv != "7" {
 		t.Errorf("resume from resourceVersion %q, want 7", rv)
@@ -104,8 +104,8 @@ func TestRelayEventsEndsAWatchWhoseEventOutgrowsAnyObject(t *testing.T) {
 	body := io.MultiReader(strings.NewReader(`{"type":"ADDED","object":{"metadata":{"resourceVersion":"3"}}}`+"\n"+`{"type":"ADDED","object":{"x":"`), rest)
 	rec := httptest.NewRecorder()
 	var rv string
-	if ended := relayEvents(flushWriter{rec, http.NewResponseController(rec)}, body, &rv); !ended {
-		t.Error("a watch whose event is too large was taken for a broken tunnel, to resume")
+	if end := relayEvents(flushWriter{rec, http.NewResponseController(rec)}, body, &rv); end != endedForGood {
+		t.Errorf("a watch whose event is too large was taken for %v, want %v", end, endedForGood)
 	}
 	if rest.read > maxWatchEvent {
 		t.Errorf("read %d MiB of one event, past the %d MiB budget", rest.read>>20, maxWatchEvent>>20)

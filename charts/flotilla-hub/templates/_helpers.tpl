@@ -24,8 +24,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/*
 The label the leading replica sets on its own Pod, and takes off every other Pod
-(reconciler/leader): the Services of the tunnel, the API proxy and the HTTP endpoints
-select it, so that they reach the one replica that serves them.
+(reconciler/leader): the Services of the tunnel, the HTTP endpoints and the leader's
+API proxy select it, so that they reach the one replica that serves them.
 */}}
 {{- define "flotilla-hub.leaderLabel" -}}
 flotilla.dev/hub-leader: "true"
@@ -43,6 +43,11 @@ flotilla.dev/hub-leader: "true"
 {{/* The API proxy's address as the hub's Kueue reaches it. */}}
 {{- define "flotilla-hub.dispatchURL" -}}
 {{- .Values.dispatch.url | default (printf "https://%s-proxy.%s.svc:%d" (include "flotilla-hub.fullname" .) .Release.Namespace (int .Values.dispatch.port)) -}}
+{{- end -}}
+
+{{/* The leading replica's API proxy, as the other replicas reach it to relay. */}}
+{{- define "flotilla-hub.leaderProxyURL" -}}
+{{- printf "https://%s-proxy-leader.%s.svc:%d" (include "flotilla-hub.fullname" .) .Release.Namespace (int .Values.dispatch.port) -}}
 {{- end -}}
 
 {{/* The Secret that holds the API proxy's CA, in the release's namespace. */}}
@@ -113,7 +118,7 @@ pod's environment or in the release's values.
 {{- with $v.kubeAPI.maxInFlight }}{{ $_ := set $kubeAPI "maxInFlight" (int64 .) }}{{ end -}}
 {{- with $kubeAPI }}{{ $_ := set $cfg "kubeAPI" . }}{{ end -}}
 {{- if $v.dispatch.enabled -}}
-{{- $d := dict "listen" (printf ":%d" (int $v.dispatch.port)) "url" (include "flotilla-hub.dispatchURL" .) "namespace" .Release.Namespace "caSecret" (include "flotilla-hub.caSecret" .) "kueueNamespace" $v.dispatch.kueueNamespace -}}
+{{- $d := dict "listen" (printf ":%d" (int $v.dispatch.port)) "url" (include "flotilla-hub.dispatchURL" .) "namespace" .Release.Namespace "caSecret" (include "flotilla-hub.caSecret" .) "kueueNamespace" $v.dispatch.kueueNamespace "leaderURL" (include "flotilla-hub.leaderProxyURL" .) -}}
 {{- with $v.dispatch.resumeWindow }}{{ $_ := set $d "resumeWindow" . }}{{ end -}}
 {{- $_ := set $cfg "dispatch" $d -}}
 {{- end -}}
