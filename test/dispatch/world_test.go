@@ -165,7 +165,7 @@ type world struct {
 	posts    *countedStatuses
 	// replicas are the hub's, in the order they started; replicas[0] led first.
 	replicas []*replica
-	hubKueue   *kueuetest.Manager
+	hubKueue *kueuetest.Manager
 	// hubKueueLog is the hub Kueue manager's latest output.
 	hubKueueLog *logtest.Buffer
 }
