@@ -420,7 +420,6 @@ type replica struct {
 
 	mu       sync.Mutex
 	stops    []func()
-	stopped  bool
 	srcDone  chan struct{}
 	src      *fhub.Source
 	disp     *dispatch.Dispatcher
