@@ -265,6 +265,28 @@ func (s *Store) AddCommit(sha string) {
 	s.known[strings.ToLower(sha)] = true
 }
 
+// Forget drops commits, registered or not, with every status they hold, as a forge
+// collects the commits a force push left unreachable: a test that posts on thousands of
+// commits (the soak) and measures its own memory keeps only the newest ones, so that
+// what it measures is the client's, not the server's record of every post.
+func (s *Store) Forget(commits ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range commits {
+		c = strings.ToLower(c)
+		delete(s.commits, c)
+		delete(s.known, c)
+	}
+}
+
+// ForgetRequests empties the log of the requests served (Requests, Refused), for the
+// same reason as Forget.
+func (s *Store) ForgetRequests() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests = nil
+}
+
 // Requests is every request served so far, oldest first.
 func (s *Store) Requests() []Request {
 	s.mu.Lock()

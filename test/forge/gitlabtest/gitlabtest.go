@@ -84,6 +84,8 @@ type Server struct {
 	// Fill) have no entry: they are jobs on DefaultBranch as recorded.
 	jobs      map[int64]*job
 	pipelines []pipeline
+	// pipelineIDs counts the pipelines ever created, which name them.
+	pipelineIDs int64
 	// mergeRequests are the project's merge requests by IID.
 	mergeRequests map[int64]mergeRequest
 }
@@ -148,6 +150,22 @@ func (s *Server) SetMergeRequest(iid int, targetBranch string, open bool) {
 	s.mergeRequests[int64(iid)] = mergeRequest{targetBranch: targetBranch, state: map[bool]string{true: "opened", false: "closed"}[open]}
 }
 
+// Forget drops commits with their statuses, jobs and pipelines, as Store.Forget does;
+// the statuses of a commit must be dropped here, not in the Store alone, so that its
+// jobs go too.
+func (s *Server) Forget(commits ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range commits {
+		c = strings.ToLower(c)
+		for _, r := range s.Store.All(c) {
+			delete(s.jobs, r.ID)
+		}
+		s.pipelines = slices.DeleteFunc(s.pipelines, func(p pipeline) bool { return p.sha == c })
+	}
+	s.Store.Forget(commits...)
+}
+
 // All is every status of commit, newest first, with the updates GitLab made in place
 // applied: what a reader of GitLab sees, where Store.All shows each job as first
 // recorded.
@@ -210,7 +228,8 @@ func (s *Server) pipelineFor(sha, ref string) pipeline {
 			return p
 		}
 	}
-	p := pipeline{id: int64(1000 + len(s.pipelines) + 1), sha: sha, ref: ref}
+	s.pipelineIDs++
+	p := pipeline{id: 1000 + s.pipelineIDs, sha: sha, ref: ref}
 	s.pipelines = append(s.pipelines, p)
 	return p
 }

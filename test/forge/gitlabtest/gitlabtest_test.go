@@ -658,3 +658,31 @@ func TestARateLimitRefusesAsRackAttack(t *testing.T) {
 		t.Fatalf("the refusal's headers: limit %q remaining %q reset %q retry-after %q", h.Get("RateLimit-Limit"), h.Get("RateLimit-Remaining"), h.Get("RateLimit-Reset"), h.Get("Retry-After"))
 	}
 }
+
+// A forgotten commit goes with its statuses, jobs and pipeline, as a force-pushed one
+// GitLab collected: posting on it is refused as on an unknown commit, the other commits
+// keep theirs, and a pipeline created afterwards takes no other pipeline's ID.
+func TestForget(t *testing.T) {
+	srv := gitlabtest.Start(t)
+	gone, kept := srv.NewCommit(), srv.NewCommit()
+	forgotten := mustPost(t, srv, gone, map[string]any{"state": "running", "context": "flotilla/a"})
+	other := mustPost(t, srv, kept, map[string]any{"state": "pending", "context": "flotilla/a"})
+	srv.Forget(gone)
+	if a, _ := post(t, srv, gone, map[string]any{"state": "success", "context": "flotilla/a"}); a.code != http.StatusNotFound {
+		t.Errorf("POST on a forgotten commit = %d %s, want 404", a.code, a.body)
+	}
+	if all := srv.All(gone); len(all) != 0 {
+		t.Errorf("a forgotten commit holds %v", all)
+	}
+	if _, out := list(t, srv, kept, ""); len(out) != 1 || out[0].Status != "pending" {
+		t.Errorf("the commit kept lists %+v, want its pending status", out)
+	}
+	next := mustPost(t, srv, srv.NewCommit(), map[string]any{"state": "pending", "context": "flotilla/a"})
+	if next.PipelineID == forgotten.PipelineID || next.PipelineID == other.PipelineID {
+		t.Errorf("a new commit's pipeline %d is another's: the forgotten commit's %d, the kept one's %d", next.PipelineID, forgotten.PipelineID, other.PipelineID)
+	}
+	srv.Store.ForgetRequests()
+	if reqs := srv.Store.Requests(); len(reqs) != 0 {
+		t.Errorf("after ForgetRequests the log holds %d requests", len(reqs))
+	}
+}
