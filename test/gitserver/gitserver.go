@@ -227,6 +227,7 @@ type Repo struct {
 	sshURL string
 	repo   *git.Repository // the working clone
 	wt     *git.Worktree
+	cache  *cache.ObjectLRU // the working clone's, workCache unless SetCache changed it
 
 	mu      sync.Mutex
 	commits int // made so far, which sets the next commit's time
@@ -271,7 +272,8 @@ func (s *Server) newRepo(t testing.TB, name, fromDir string) (*Repo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("initialising working clone: %w", err)
 	}
-	repo, err := git.InitWithOptions(filesystem.NewStorage(dot, cache.NewObjectLRU(workCache)), wtfs, initMain)
+	objects := cache.NewObjectLRU(workCache)
+	repo, err := git.InitWithOptions(filesystem.NewStorage(dot, objects), wtfs, initMain)
 	if err != nil {
 		return nil, fmt.Errorf("initialising working clone: %w", err)
 	}
@@ -279,7 +281,7 @@ func (s *Server) newRepo(t testing.TB, name, fromDir string) (*Repo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening working clone: %w", err)
 	}
-	r := &Repo{t: t, url: s.git.HTTPAddress() + "/" + name + ".git", repo: repo, wt: wt}
+	r := &Repo{t: t, url: s.git.HTTPAddress() + "/" + name + ".git", repo: repo, wt: wt, cache: objects}
 	if a := s.git.SSHAddress(); a != "" {
 		r.sshURL = a + "/" + name + ".git"
 	}
@@ -495,6 +497,17 @@ func (r *Repo) Head(branch string) string {
 		r.t.Fatalf("reading head of %s of %s: %v", branch, r.url, err)
 	}
 	return sha
+}
+
+// SetCache bounds what the working clone keeps decoded in memory to size instead of
+// workCache; zero keeps nothing more. A test that measures its own process's memory over
+// thousands of commits (the soak) would otherwise see the cache take in every commit's
+// trees until it holds workCache of them, thousands of commits after the caches of the
+// code it measures were full.
+func (r *Repo) SetCache(size cache.FileSize) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cache.MaxSize = size
 }
 
 // do runs op under the lock after fetching every branch from the server, so that op sees what
