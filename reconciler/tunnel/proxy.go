@@ -131,9 +131,11 @@ func NewProxy(s *Server, opts ProxyOptions) (*Proxy, error) {
 type targetKey struct{}
 
 // stripCredentials drops what would speak for the caller on the worker: the proxy's
-// token, and any attempt to impersonate. The agent drops them too.
+// token, and any attempt to impersonate. The agent drops them too. The mark of a relay
+// between the hub's replicas goes too: it is no business of the worker's.
 func stripCredentials(h http.Header) {
 	h.Del("Authorization")
+	h.Del(relayedHeader)
 	for k := range h {
 		if strings.HasPrefix(k, "Impersonate-") {
 			delete(h, k)
