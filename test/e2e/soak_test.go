@@ -3,11 +3,13 @@ package e2e
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus"
 	"github.com/flotilla-gitops/flotilla/gitsource/commitstatus/gitea"
@@ -35,6 +37,14 @@ const (
 	// leak this soak was written for held about 0.7 MiB a push: 300 pushes of it would
 	// be 50 times the bound.
 	soakHeapBound = 4 << 20
+	// soakForgotten is how many pushes after its own a commit is forgotten by the
+	// forge's test server, with its statuses and the log of requests: the server keeps
+	// every post, as a forge does, and would otherwise outgrow the hub it serves in the
+	// soak's measure of the process. Well past soakRemembered, so that the hub never
+	// posts on a commit the server forgot.
+	soakForgotten = 4 * soakRemembered
+	// soakLog is how much of the hub's log the soak keeps, the end a failure shows.
+	soakLog = 64 << 10
 	// soakGoroutineSlack are goroutines that may still be finishing their work when the
 	// count is read (a publisher's delivery, an informer's resync).
 	soakGoroutineSlack = 4
@@ -67,50 +77,66 @@ func TestSoakPushesLeaveTheHubFlat(t *testing.T) {
 }
 
 // soakBackend makes the status backend of kind, on its forge's test server when it is
-// one, and returns how to make a commit of the git server known to that forge.
-func soakBackend(t *testing.T, kind string) (func(*fleetRepo), func(sha string)) {
+// one, and returns how to make a commit of the git server known to that forge, and how
+// to have the forge forget one with every request served so far.
+func soakBackend(t *testing.T, kind string) (func(*fleetRepo), func(sha string), func(sha string)) {
 	var (
-		b   commitstatus.Backend
-		add = func(string) {}
-		err error
+		b      commitstatus.Backend
+		add    = func(string) {}
+		forget = func(string) {}
+		err    error
 	)
 	switch kind {
 	case "notes":
-		return func(*fleetRepo) {}, add
+		return func(*fleetRepo) {}, add, forget
 	case "github":
 		srv := githubtest.Start(t)
 		// GitHub's 5,000 requests an hour would have the publisher wait for the next
 		// hour long before 5,000 pushes: pacing is tested with the publisher, the soak
-		// measures memory.
-		srv.SetRateLimit(0, 0)
+		// measures memory. Zero would restore GitHub's own 5,000, whose answers say one
+		// request remains once they are spent, and the publisher waits for the hour: a
+		// budget the soak cannot spend instead.
+		srv.SetRateLimit(math.MaxInt32, time.Hour)
 		b, err = github.New(github.Options{BaseURL: srv.URL, Owner: srv.Owner, Repo: srv.Repo, Token: srv.Token})
 		add = srv.AddCommit
+		forget = func(sha string) { srv.Store.Forget(sha); srv.Store.ForgetRequests() }
 	case "gitea":
 		srv := giteatest.Start(t)
 		b, err = gitea.New(t.Context(), gitea.Options{URL: srv.URL, Owner: srv.Owner, Repo: srv.Repo, Token: srv.Token})
 		add = srv.AddCommit
+		forget = func(sha string) { srv.Store.Forget(sha); srv.Store.ForgetRequests() }
 	default:
 		t.Fatalf("FLOTILLA_SOAK_BACKENDS: %q is none of notes, github, gitea, gitlab", kind)
 	case "gitlab":
 		srv := gitlabtest.Start(t)
 		b, err = gitlab.New(gitlab.Options{URL: srv.URL, Project: srv.Project, Token: srv.Token})
 		add = srv.Store.AddCommit
+		forget = func(sha string) { srv.Forget(sha); srv.Store.ForgetRequests() }
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	return func(f *fleetRepo) { f.statuses = b }, add
+	return func(f *fleetRepo) { f.statuses = b }, add, forget
 }
 
 func soak(t *testing.T, kind string, pushes int) {
-	withBackend, known := soakBackend(t, kind)
-	f := newFleetRepo(t, "soak-"+kind, withBackend, func(f *fleetRepo) { f.remembered = soakRemembered })
+	withBackend, known, forget := soakBackend(t, kind)
+	f := newFleetRepo(t, "soak-"+kind, withBackend, func(f *fleetRepo) {
+		f.remembered = soakRemembered
+		// The hub's log is the test's, in memory: a line or two a push would grow it
+		// all along, which a hub writing to its stderr does not.
+		f.tunnel.log.Max = soakLog
+	})
+	// The test's own clone of the fleet would otherwise take in every push's trees
+	// until its cache is full, thousands of pushes after the baseline.
+	f.repo.SetCache(0)
 	_, added := f.addCluster("main", "gpu-a")
 	known(added)
 	f.src.Trigger()
 	f.waitStatus(added, "flotilla/gpu-a", commitstatus.Pending, "")
 
 	file := bytes.Repeat([]byte("#"), soakFileSize)
+	var pushed []string
 	push := func(i int) {
 		// The same size every time, other bytes: a new blob, a new tree, a new commit.
 		copy(file, fmt.Sprintf("# push %09d\n", i))
@@ -118,6 +144,10 @@ func soak(t *testing.T, kind string, pushes int) {
 		known(c)
 		f.src.Trigger()
 		f.waitStatus(c, "flotilla/gpu-a", commitstatus.Pending, "")
+		if pushed = append(pushed, c); len(pushed) > soakForgotten {
+			forget(pushed[0])
+			pushed = pushed[1:]
+		}
 	}
 	for i := range soakWarmUp {
 		push(i)
