@@ -44,8 +44,9 @@ func (s *seen) last() (http.Header, string) {
 
 // serveProxy makes the peer serve the hub's proxy streams as an agent does, passing each
 // request on to the hub cluster's API server (standing in for the worker's) as its
-// admin, and recording what arrived.
-func (p *peer) serveProxy(t testing.TB) *seen {
+// admin, and recording what arrived. rewrite, when given, changes each request on its
+// way to the API server.
+func (p *peer) serveProxy(t testing.TB, rewrite ...func(*httputil.ProxyRequest)) *seen {
 	t.Helper()
 	target, err := url.Parse(planes[0].Config.Host)
 	if err != nil {
@@ -56,7 +57,12 @@ func (p *peer) serveProxy(t testing.TB) *seen {
 		t.Fatal(err)
 	}
 	got := &seen{}
-	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) }, Transport: rt, FlushInterval: -1}
+	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
+		pr.SetURL(target)
+		for _, f := range rewrite {
+			f(pr)
+		}
+	}, Transport: rt, FlushInterval: -1}
 	l := proxy.NewListener(64)
 	go func() {
 		for {
@@ -463,6 +469,48 @@ func TestAWatchTheWorkerEndsEndsForTheWatcher(t *testing.T) {
 	defer a.seen.mu.Unlock()
 	if len(a.seen.paths) != 1 {
 		t.Fatalf("a watch the worker ended was taken up again: %v", a.seen.paths)
+	}
+}
+
+// A watch whose watcher set no timeout is taken up again when the worker's API server
+// ends it on its own timeout (between 30 and 60 minutes after it started, unless asked
+// otherwise): Kueue v0.17.0 may evict work when a watch to a worker ends (kueue#12999).
+// The agent here asks the API server for a timeout of a second, standing in for one
+// that came; what changed after it reaches the watcher on the same stream.
+func TestAWatchTheWorkerTimesOutOnItsOwnGoesOn(t *testing.T) {
+	h := startProxyHub(t, tunnel.ProxyOptions{})
+	c := newCluster(t, "own-timeout")
+	h.srv.Push(c.key(), c.identity, &protocol.DesiredState{Generation: 1, Hash: "h1"})
+	p := h.enroll(t, c)
+	a := &proxied{cluster: c, peer: p, seen: p.serveProxy(t, func(pr *httputil.ProxyRequest) {
+		if q := pr.Out.URL.Query(); q.Get("watch") == "true" {
+			q.Set("timeoutSeconds", "1")
+			pr.Out.URL.RawQuery = q.Encode()
+		}
+	})}
+	var err error
+	if a.token, err = h.srv.IssueProxyToken(t.Context(), c.wc(t)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w := h.openWatch(t, ctx, a, "/api/v1/namespaces/"+a.ns+"/configmaps?watch=true")
+	defer w.close()
+	createConfigMap(t, a.ns, "before")
+	if ev, ok := w.next(t); !ok || ev.Object.Metadata.Name != "before" {
+		t.Fatalf("first event %+v (open %v)", ev, ok)
+	}
+	eventually(t, "the worker ended the first watch and the proxy asked again", func() (bool, string) {
+		a.seen.mu.Lock()
+		defer a.seen.mu.Unlock()
+		return len(a.seen.paths) >= 2, fmt.Sprint(a.seen.paths)
+	})
+	createConfigMap(t, a.ns, "after")
+	if ev, ok := w.next(t); !ok || ev.Type != "ADDED" || ev.Object.Metadata.Name != "after" {
+		t.Fatalf("after the worker's timeout: event %+v (open %v), want ADDED after on the same watch", ev, ok)
+	}
+	if _, path := a.seen.last(); !strings.Contains(path, "resourceVersion=") {
+		t.Fatalf("the watch was taken up again without a resourceVersion: %s", path)
 	}
 }
 

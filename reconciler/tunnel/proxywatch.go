@@ -38,6 +38,7 @@ func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, t
 	var deadline time.Time // set when the way to the worker broke
 	// The watcher's own timeout ends its watch; without one, the worker's does not.
 	ownTimeout := target.Query().Get("timeoutSeconds") != ""
+	quiet := 0 // clean ends in a row with no event between them
 	for {
 		u := *target
 		if rv != "" {
@@ -98,9 +99,14 @@ func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, t
 			return
 		case end == endedByWorker:
 			// A worker's API server ends a watch cleanly on its timeout; through a
-			// relay, the leader ended it for good. One that ended with no event since
-			// it was taken up is not asked again at once, and again.
-			if ownTimeout || sess == nil || rv == "" || rv == from {
+			// relay, the leader ended it for good. A worker that keeps ending it with
+			// no event in between is not asked again and again.
+			if rv == from {
+				quiet++
+			} else {
+				quiet = 0
+			}
+			if ownTimeout || sess == nil || rv == "" || quiet >= maxQuietEnds {
 				return
 			}
 			continue
@@ -113,6 +119,12 @@ func (p *Proxy) watch(w http.ResponseWriter, r *http.Request, identity string, t
 		}
 	}
 }
+
+// maxQuietEnds is how many times in a row a worker may end a watch cleanly, with no
+// event in between, before the proxy passes the end on: an idle watch (Kueue asks for
+// bookmarks, so none of its watches is idle for long) ends after that many of the API
+// server's timeouts, not at the first.
+const maxQuietEnds = 3
 
 // openUpstream opens the watch through this replica's tunnel to the worker, or else
 // through the leader's proxy; the session is nil for the latter.
