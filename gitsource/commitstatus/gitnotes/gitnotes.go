@@ -351,7 +351,7 @@ func (b *Backend) note(ctx context.Context, head, commit plumbing.Hash) (Note, s
 	if err != nil || !ok {
 		return Note{}, "", err
 	}
-	data, err := b.blob(ctx, head, blob)
+	data, err := b.blob(ctx, blob)
 	if err != nil {
 		return Note{}, "", fmt.Errorf("gitnotes: note of %s: %w", commit, err)
 	}
@@ -377,15 +377,14 @@ func (b *Backend) notesTree(head plumbing.Hash) (*object.Tree, error) {
 	return t, nil
 }
 
-// blob is the content of the note blob h of the notes commit head: held, or else
-// fetched.
-func (b *Backend) blob(ctx context.Context, head, h plumbing.Hash) ([]byte, error) {
+// blob is the content of the note blob h: held, or else fetched.
+func (b *Backend) blob(ctx context.Context, h plumbing.Hash) ([]byte, error) {
 	if v, ok := b.notes.Get(h); ok {
 		return v.([]byte), nil
 	}
 	o, err := b.store.EncodedObject(plumbing.BlobObject, h)
 	if errors.Is(err, plumbing.ErrObjectNotFound) {
-		o, err = b.fetchBlob(ctx, head, h)
+		o, err = b.fetchBlob(ctx, h)
 	}
 	if err != nil {
 		return nil, err

@@ -320,8 +320,8 @@ func TestAFullNotesTreeFansOutNewNotes(t *testing.T) {
 func TestAWriterHoldsTheNotesTreesNotEveryNote(t *testing.T) {
 	tests := []struct {
 		name string
-		// alone lets clients ask for any object the refs reach, as GitHub, GitLab and
-		// Gitea do.
+		// alone lets clients ask for any object the refs reach, as forges that serve
+		// partial clones do.
 		alone bool
 	}{
 		{"the note fetched with the newest notes", false},

@@ -146,12 +146,12 @@ func (b *Backend) newUploadRequest(adv *packp.AdvRefs, want plumbing.Hash, newes
 	return req, nil
 }
 
-// fetchBlob fetches the note h in the notes commit head, whose trees the store holds
-// without their notes. A server that lets a client ask for any object its refs reach
-// (allow-reachable-sha1-in-want: GitHub, GitLab and Gitea do) sends the note alone;
-// another sends the newest notes whole, of which the note alone is kept. It fails with
-// errMoved when the note is no longer in the server's newest notes.
-func (b *Backend) fetchBlob(ctx context.Context, head, h plumbing.Hash) (plumbing.EncodedObject, error) {
+// fetchBlob fetches the note h, of the notes whose trees the store holds without their
+// notes. A server that lets a client ask for any object its refs reach
+// (allow-reachable-sha1-in-want, which forges that serve partial clones allow) sends the
+// note alone; another sends the newest notes whole, of which the note alone is kept. It
+// fails with errMoved when the note is no longer in the server's newest notes.
+func (b *Backend) fetchBlob(ctx context.Context, h plumbing.Hash) (plumbing.EncodedObject, error) {
 	up, adv, remote, err := b.listNotes(ctx)
 	if err != nil {
 		return nil, err
