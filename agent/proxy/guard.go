@@ -219,13 +219,21 @@ func (h *Handler) checkAnswer(resp *http.Response) error {
 		return err
 	}
 	var refusal *httpError
-	var obj metav1.PartialObjectMetadata
+	// Only what is checked is decoded: the rest of the object, managedFields above all,
+	// is skipped, not built.
+	var obj struct {
+		Metadata struct {
+			Name      string            `json:"name"`
+			Namespace string            `json:"namespace"`
+			Labels    map[string]string `json:"labels"`
+		} `json:"metadata"`
+	}
 	switch {
 	case int64(len(data)) > h.maxBody:
 		refusal = &httpError{code: http.StatusBadGateway, reason: metav1.StatusReasonServiceUnavailable, msg: "the object is larger than the proxy reads"}
 	case mediaType(resp.Header.Get("Content-Type")) != mediaJSON || json.Unmarshal(data, &obj) != nil:
 		refusal = &httpError{code: http.StatusBadGateway, reason: metav1.StatusReasonServiceUnavailable, msg: "the worker's API server answered in a form the proxy does not read"}
-	case obj.Labels[OriginLabel] != chk.origin || obj.Namespace != chk.req.namespace || obj.Name != chk.req.name:
+	case obj.Metadata.Labels[OriginLabel] != chk.origin || obj.Metadata.Namespace != chk.req.namespace || obj.Metadata.Name != chk.req.name:
 		refusal = forbid("%s %s/%s does not carry the label %s=%s: the hub's Kueue did not create it", chk.req.resource, chk.req.namespace, chk.req.name, OriginLabel, chk.origin)
 	}
 	if refusal == nil {
