@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,6 +39,21 @@ func TestAHubFailoverKeepsRunningWork(t *testing.T) {
 	// reconnecting to only while another worker of its pool is connected; with none
 	// connected it waits (kueue#11559).
 	w := newWorld(t, worldOptions{tenant: "relay", workloads: "relay-ml", onePool: true, relay: true})
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		// What the hub's Kueue did about its workers, which its last output may have
+		// scrolled past.
+		for _, l := range strings.Split(w.hubKueueLog.Last(256<<10), "\n") {
+			for _, s := range []string{"emote lost", "client config", "Watch ended", "evict", "Evict", "Retry"} {
+				if strings.Contains(l, s) {
+					t.Log(l[:min(len(l), 600)])
+					break
+				}
+			}
+		}
+	})
 	w.allDispatchable(t)
 	a := w.replicas[0]
 	b, c := w.startReplica("hub-1"), w.startReplica("hub-2")
@@ -65,7 +81,7 @@ func TestAHubFailoverKeepsRunningWork(t *testing.T) {
 		t.Logf("waiting %s for the jobs to be older than the hub's workerLostTimeout (%s)", wait.Round(time.Second), workerLostTimeout)
 		time.Sleep(wait)
 	}
-	posted := w.posts.count()
+	posted, postedTotal := w.posts.count(), w.posts.total()
 
 	// Kueue's judgement of each worker before: a failover it never counted as a lost
 	// worker leaves it as it was.
@@ -92,11 +108,16 @@ func TestAHubFailoverKeepsRunningWork(t *testing.T) {
 		if !ok {
 			t.Fatalf("no workload on the hub for job %s", r.job.Name)
 		}
+		counted := 0
 		if s := wl.Status.SchedulingStats; s != nil {
 			for _, e := range s.Evictions {
-				evicted += int(e.Count)
+				counted += int(e.Count)
 			}
 		}
+		if counted == 0 && apimeta.FindStatusCondition(wl.Status.Conditions, kueue.WorkloadEvicted) != nil {
+			counted = 1
+		}
+		evicted += counted
 		if wl.Status.RequeueState != nil || ptr.Deref(wl.Status.ClusterName, "") != r.wk.identity {
 			requeued++
 		}
@@ -109,6 +130,11 @@ func TestAHubFailoverKeepsRunningWork(t *testing.T) {
 	if evicted+requeued+replaced > 0 {
 		t.Errorf("the failovers disturbed running work: %d evictions, %d requeued or moved, %d replaced", evicted, requeued, replaced)
 	}
+	// The jobs finish where they ran, and their completion reaches the hub through the
+	// last leader. Evictions are counted before: once a job completes, Kueue v0.17.0
+	// may find its worker's Workload gone before it saw it finished, and requeue a
+	// finished job (seen once in many runs on a loaded machine), which no failover
+	// causes.
 	for _, r := range jobs {
 		if got, ok := workerJob(t, r.wk, r.job); ok {
 			complete(t, r.wk, got)
@@ -116,7 +142,6 @@ func TestAHubFailoverKeepsRunningWork(t *testing.T) {
 	}
 	for _, r := range jobs {
 		w.finishedOnHub(t, r.job)
-		w.neverEvicted(t, r.job, r.wk)
 	}
 	failoverPosts := map[string]int{}
 	for k, n := range w.posts.count() {
@@ -126,7 +151,7 @@ func TestAHubFailoverKeepsRunningWork(t *testing.T) {
 	}
 	t.Logf("commit statuses posted from the first failover until the jobs finished: %v", failoverPosts)
 	if len(failoverPosts) > 0 {
-		t.Errorf("commit statuses posted though no cluster's state changed: %v", failoverPosts)
+		t.Errorf("commit statuses posted though no cluster's state changed: %v\n%s", failoverPosts, strings.Join(w.posts.since(postedTotal), "\n"))
 	}
 }
 

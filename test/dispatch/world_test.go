@@ -524,15 +524,12 @@ func (r *replica) onStop(f func()) {
 	r.stops = append(r.stops, f)
 }
 
-// stop ends the replica as a deleted Pod ends: every connection it held ends with it.
+// stop ends the replica as a deleted Pod ends: the process shuts down, as on SIGTERM,
+// and every connection it held ends with it. A cut of its connections while it still
+// ran would be a partition instead, which the replica would see as agents leaving.
 func (r *replica) stop() {
 	r.stopOnce.Do(func() {
 		w := r.w
-		if r.tunnelL != nil {
-			w.tunnelSvc.Drop(r.tunnelL.Addr().String())
-		}
-		w.proxySvc.Drop(r.proxyL.Addr().String())
-		w.leaderProxySvc.Drop(r.proxyL.Addr().String())
 		r.cancel()
 		r.mu.Lock()
 		stops := r.stops
@@ -543,6 +540,11 @@ func (r *replica) stop() {
 		if r.srcDone != nil {
 			<-r.srcDone
 		}
+		if r.tunnelL != nil {
+			w.tunnelSvc.Drop(r.tunnelL.Addr().String())
+		}
+		w.proxySvc.Drop(r.proxyL.Addr().String())
+		w.leaderProxySvc.Drop(r.proxyL.Addr().String())
 	})
 }
 
@@ -755,11 +757,13 @@ func listen(tb testing.TB) net.Listener {
 	return l
 }
 
-// countedStatuses counts the statuses the hub posts, per context.
+// countedStatuses counts the statuses the hub posts, per context, and keeps what they
+// said.
 type countedStatuses struct {
 	commitstatus.Backend
 	mu    sync.Mutex
 	posts map[string]int
+	said  []string
 }
 
 func (c *countedStatuses) Set(ctx context.Context, commit string, st commitstatus.Status) error {
@@ -770,9 +774,24 @@ func (c *countedStatuses) Set(ctx context.Context, commit string, st commitstatu
 			c.posts = map[string]int{}
 		}
 		c.posts[st.Context]++
+		c.said = append(c.said, fmt.Sprintf("%s %s on %.7s: %s", st.Context, st.State, commit, st.Description))
 		c.mu.Unlock()
 	}
 	return err
+}
+
+// since is what the posts after the first n of them said.
+func (c *countedStatuses) since(n int) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.said[min(n, len(c.said)):])
+}
+
+// total is how many statuses were posted so far.
+func (c *countedStatuses) total() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.said)
 }
 
 // count is how many statuses were posted, per context, so far.
