@@ -51,7 +51,9 @@ func (s *Server) ProxyTokenValid(ctx context.Context, wc *v1alpha1.WorkerCluster
 	if err != nil {
 		return false, nil
 	}
-	want, err := s.proxyTokenHash(ctx, wc.Labels[v1alpha1.WorkerClusterLabel], false)
+	// Any cluster: a hub that just took over asks before it pushed anything, and a token
+	// it took for invalid then would be issued anew, and Kueue's client rebuilt.
+	want, err := s.proxyTokenHash(ctx, wc.Labels[v1alpha1.WorkerClusterLabel], true)
 	if err != nil || want.IsZero() {
 		return false, err
 	}

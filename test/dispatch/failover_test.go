@@ -7,12 +7,16 @@ import (
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	v1alpha1 "github.com/flotilla-gitops/flotilla/reconciler/api/v1alpha1"
+	"github.com/flotilla-gitops/flotilla/reconciler/dispatch"
+	"github.com/flotilla-gitops/flotilla/test/kueuetest"
 	"github.com/flotilla-gitops/flotilla/test/poll"
 )
 
@@ -84,10 +88,13 @@ func TestAHubFailoverKeepsRunningWork(t *testing.T) {
 	posted, postedTotal := w.posts.count(), w.posts.total()
 
 	// Kueue's judgement of each worker before: a failover it never counted as a lost
-	// worker leaves it as it was.
+	// worker leaves it as it was. And the kubeconfig it reads: a new leader that issued
+	// a new token would make Kueue rebuild its client, and restart every watch.
 	before := map[string]metav1.Condition{}
+	kubeconfigs := map[string]string{}
 	for _, wk := range w.workers {
 		before[wk.name] = w.activeCondition(t, wk)
+		kubeconfigs[wk.name] = w.kubeConfigVersion(t, wk)
 	}
 	// 1. The leader, which holds Kueue's watches, goes; hub-2 takes over.
 	w.failover(t, a, c)
@@ -98,6 +105,12 @@ func TestAHubFailoverKeepsRunningWork(t *testing.T) {
 		if after := w.activeCondition(t, wk); after.Status != metav1.ConditionTrue || !after.LastTransitionTime.Equal(&was.LastTransitionTime) {
 			t.Errorf("Kueue counted %s as lost in a failover: Active went from %s (since %s) to %s %s: %s (since %s)", wk.name,
 				was.Status, was.LastTransitionTime.Format(time.RFC3339), after.Status, after.Reason, after.Message, after.LastTransitionTime.Format(time.RFC3339))
+		}
+	}
+
+	for _, wk := range w.workers {
+		if got := w.kubeConfigVersion(t, wk); got != kubeconfigs[wk.name] {
+			t.Errorf("the kubeconfig Kueue reads for %s was written in a failover (resourceVersion %s, was %s)", wk.name, got, kubeconfigs[wk.name])
 		}
 	}
 
@@ -208,4 +221,15 @@ func (w *world) placedInPool(t *testing.T, j *batchv1.Job) (*worker, *batchv1.Jo
 		return !ptr.Deref(got.Spec.Suspend, true), fmt.Sprintf("the job on %s is suspended", wk.name)
 	})
 	return wk, remote
+}
+
+// kubeConfigVersion is the resourceVersion of the kubeconfig Secret Kueue reads for wk.
+func (w *world) kubeConfigVersion(t *testing.T, wk *worker) string {
+	t.Helper()
+	var sec corev1.Secret
+	key := client.ObjectKey{Namespace: kueuetest.Namespace, Name: dispatch.KubeConfigSecretName(wk.identity)}
+	if err := w.hub.Client.Get(t.Context(), key, &sec); err != nil {
+		t.Fatalf("reading the kubeconfig Secret %s: %v", key, err)
+	}
+	return sec.ResourceVersion
 }
