@@ -71,7 +71,7 @@ soak: testbin
 	@mkdir -p bin
 	$(TESTBIN_ENV) FLOTILLA_SOAK_PUSHES=$(SOAK_PUSHES) FLOTILLA_SOAK_BACKENDS=$(SOAK_BACKENDS) \
 		$(GO) test -run '^TestSoakPushesLeaveTheHubFlat$$' -v -count=1 -timeout 6h ./test/e2e/ 2>&1 \
-		| tee bin/soak.log | grep -E 'soak_test.go|^(--- |ok|FAIL|panic)' | tee bin/soak.txt
+		| tee bin/soak.log | grep --line-buffered -E 'soak_test.go|^(--- |ok|FAIL|panic)' | tee bin/soak.txt
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZ_LOAD) -fuzzminimizetime $(FUZZ_MINIMIZE) ./reconciler/fleet/
