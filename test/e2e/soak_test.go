@@ -105,13 +105,13 @@ func soakBackend(t *testing.T, kind string) (func(*fleetRepo), func(sha string),
 		b, err = gitea.New(t.Context(), gitea.Options{URL: srv.URL, Owner: srv.Owner, Repo: srv.Repo, Token: srv.Token})
 		add = srv.AddCommit
 		forget = func(sha string) { srv.Store.Forget(sha); srv.Store.ForgetRequests() }
-	default:
-		t.Fatalf("FLOTILLA_SOAK_BACKENDS: %q is none of notes, github, gitea, gitlab", kind)
 	case "gitlab":
 		srv := gitlabtest.Start(t)
 		b, err = gitlab.New(gitlab.Options{URL: srv.URL, Project: srv.Project, Token: srv.Token})
 		add = srv.Store.AddCommit
 		forget = func(sha string) { srv.Forget(sha); srv.Store.ForgetRequests() }
+	default:
+		t.Fatalf("FLOTILLA_SOAK_BACKENDS: %q is none of notes, github, gitea, gitlab", kind)
 	}
 	if err != nil {
 		t.Fatal(err)
