@@ -12,6 +12,11 @@
 // (RecordSecretName) records the enrollment tokens it redeemed and outlives the
 // cluster's removal ([Server.Revoke]), so that a spent token stays spent.
 //
+// [Proxy] serves the hub's Kueue the workers' Kubernetes APIs over these tunnels, with a
+// bearer token per worker. Every replica of a hub serves it; one that holds no tunnel to
+// a worker relays to the leader's (relay.go), so that Kueue's watches outlive a
+// failover.
+//
 // # Hostile peers
 //
 // Anyone who can reach the endpoint can send requests. Authentication checks the shape
