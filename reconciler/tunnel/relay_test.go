@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -198,10 +199,9 @@ func TestAStandbyHoldsOnlyForAWorkerThatWasConnected(t *testing.T) {
 func readAll(t *testing.T, resp *http.Response) string {
 	t.Helper()
 	defer resp.Body.Close()
-	var b strings.Builder
-	s := bufio.NewScanner(resp.Body)
-	for s.Scan() {
-		b.WriteString(s.Text())
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return b.String()
+	return string(b)
 }

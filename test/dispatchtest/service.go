@@ -56,13 +56,6 @@ func (s *Service) Drop(endpoint string) {
 	}
 }
 
-// Held is how many connections endpoint holds through the Service.
-func (s *Service) Held(endpoint string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.conns[endpoint]) / 2
-}
-
 // Close stops the Service and ends every connection through it.
 func (s *Service) Close() {
 	s.mu.Lock()
